@@ -1,0 +1,35 @@
+# The two set-up commands of the README: `make example` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv example test lint clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[pytorch,examples,dev]'
+	touch $(STAMP)
+
+EXAMPLE_RUN_DIR := det-runs/core_api_digits
+
+example: venv
+	rm -rf $(EXAMPLE_RUN_DIR)
+	$(BIN)/python examples/core_api_digits/train.py --run-dir $(EXAMPLE_RUN_DIR) --preempt-after-epochs 3
+	$(BIN)/python examples/core_api_digits/train.py --run-dir $(EXAMPLE_RUN_DIR) --resume latest
+	$(BIN)/det-trials --run-dir $(EXAMPLE_RUN_DIR) trial list
+	$(BIN)/det-trials --run-dir $(EXAMPLE_RUN_DIR) trial metrics 2 --group validation
+	$(BIN)/det-trials --run-dir $(EXAMPLE_RUN_DIR) checkpoint list
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+lint: venv
+	$(BIN)/ruff check determined_trials tests examples
+	$(BIN)/mypy determined_trials
+
+clean:
+	rm -rf $(VENV) det-runs

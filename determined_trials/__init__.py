@@ -1,0 +1,41 @@
+"""determined_trials: Determined's trial APIs (PyTorchTrial, DeepSpeedTrial, TFKerasTrial) run locally.
+
+``import determined_trials as det`` then ``det.core.init()``, ``det.pytorch.PyTorchTrial`` and so on.
+Framework packages (``pytorch``, ``deepspeed``, ``keras``) are imported on first use, so this import
+needs no framework.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from determined_trials import core
+from determined_trials._info import ClusterInfo, TrialInfo, get_cluster_info
+from determined_trials._trial_context import TrialContext
+from determined_trials.errors import CollectiveError, ConfigError, InvalidHP
+
+__all__ = [
+    "ClusterInfo",
+    "CollectiveError",
+    "ConfigError",
+    "InvalidHP",
+    "TrialContext",
+    "TrialInfo",
+    "core",
+    "deepspeed",
+    "get_cluster_info",
+    "keras",
+    "pytorch",
+]
+
+__version__ = "0.1.0"
+
+_LAZY_SUBPACKAGES = ("pytorch", "deepspeed", "keras", "launch", "loop", "testing", "config")
+
+
+def __getattr__(name: str) -> Any:
+    """Import framework subpackages on first access (``det.pytorch`` imports torch only then)."""
+    if name in _LAZY_SUBPACKAGES:
+        return importlib.import_module(f"determined_trials.{name}")
+    raise AttributeError(f"module 'determined_trials' has no attribute {name!r}")

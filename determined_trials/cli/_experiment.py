@@ -1,0 +1,106 @@
+"""``det-trials experiment ...``: list the run dir's experiments and describe one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from typing import Any
+
+import yaml
+
+from determined_trials.cli import _common, _trial
+from determined_trials.cli._format import Column, emit, jsonable, local_time, text
+from determined_trials.core._store import Experiment, LocalStore
+
+__all__ = ["register"]
+
+_LIST_COLUMNS = [
+    Column("id", "ID"),
+    Column("name", "NAME"),
+    Column("state", "STATE"),
+    Column("trials", "TRIALS"),
+    Column("labels", "LABELS"),
+    Column("start_time", "STARTED"),
+    Column("end_time", "ENDED"),
+]
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the ``experiment`` command group."""
+    group = _common.add_group(commands, "experiment", "experiments in the run dir")
+    listing = _common.add_command(group, "list", _list, "list experiments")
+    _common.add_output_options(listing)
+    describe = _common.add_command(group, "describe", _describe, "show one experiment and its trials")
+    describe.add_argument("experiment_id", metavar="ID", type=int, help="experiment id")
+    describe.add_argument("--json", dest="fmt", action="store_const", const="json", default="table",
+                          help="print JSON")
+
+
+def _list(args: argparse.Namespace) -> int:
+    store = _common.open_store(args)
+    experiments = store.experiments()
+    counts = Counter(t.experiment_id for t in store.trials())
+    rows = [
+        [e.id, e.name, e.state, counts[e.id], ",".join(e.labels), e.start_time, e.end_time]
+        for e in experiments
+    ]
+    emit(sys.stdout, _common.output_format(args), _LIST_COLUMNS, rows, experiments)
+    return 0
+
+
+def _searcher_summary(config: dict[str, Any]) -> tuple[str, str | None, bool]:
+    """(description, metric, smaller_is_better) of the config's searcher section."""
+    searcher = config.get("searcher") if isinstance(config.get("searcher"), dict) else None
+    if not searcher:
+        return "", None, True
+    metric = searcher.get("metric")
+    smaller = bool(searcher.get("smaller_is_better", True))
+    parts = [str(searcher.get("name", "?"))]
+    if metric:
+        parts.append(f"metric {metric} ({'smaller' if smaller else 'larger'} is better)")
+    if "max_length" in searcher:
+        parts.append(f"max_length {text(searcher['max_length'])}")
+    return ", ".join(parts), metric, smaller
+
+
+def _summary_lines(store: LocalStore, exp: Experiment) -> list[tuple[str, str]]:
+    searcher, metric, smaller = _searcher_summary(exp.config)
+    best = store.best_validation(exp.id, metric, smaller) if metric else None
+    state = exp.state + (f" ({exp.reason})" if exp.reason else "")
+    pairs = [
+        ("name", exp.name),
+        ("state", state),
+        ("description", exp.description),
+        ("labels", ", ".join(exp.labels)),
+        ("model dir", exp.model_dir or ""),
+        ("started", local_time(exp.start_time)),
+        ("ended", local_time(exp.end_time)),
+        ("searcher", searcher),
+        ("best validation", "" if best is None else f"{metric} = {text(best)}"),
+        ("checkpoints", str(len(store.checkpoints(experiment_id=exp.id)))),
+    ]
+    return [(k, v) for k, v in pairs if v]
+
+
+def _describe(args: argparse.Namespace) -> int:
+    store = _common.open_store(args)
+    exp = store.experiment(args.experiment_id)
+    trials = store.trials(exp.id)
+    if _common.output_format(args) == "json":
+        record = jsonable(exp)
+        record["trials"] = jsonable(trials)
+        record["checkpoints"] = jsonable(store.checkpoints(experiment_id=exp.id))
+        sys.stdout.write(json.dumps(record, indent=2, allow_nan=False) + "\n")
+        return 0
+    out = sys.stdout
+    out.write(f"Experiment {exp.id}\n")
+    pairs = _summary_lines(store, exp)
+    width = max(len(k) for k, _ in pairs)
+    out.writelines(f"  {k + ':':<{width + 1}} {v}\n" for k, v in pairs)
+    out.write(f"\nTrials ({len(trials)}):\n")
+    _trial.write_trial_table(out, trials)
+    out.write("\nConfig:\n")
+    out.write(yaml.safe_dump(jsonable(exp.config), sort_keys=False, default_flow_style=False))
+    return 0

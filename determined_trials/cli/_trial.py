@@ -1,0 +1,89 @@
+"""``det-trials trial ...``: list trials and print a trial's metrics (table, CSV or JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from determined_trials.cli import _common
+from determined_trials.cli._format import Column, emit, table, text
+from determined_trials.core._store import MetricRecord, Trial
+
+__all__ = ["register", "write_trial_table"]
+
+_LIST_COLUMNS = [
+    Column("id", "ID"),
+    Column("experiment_id", "EXPERIMENT"),
+    Column("state", "STATE"),
+    Column("seed", "SEED"),
+    Column("progress", "PROGRESS"),
+    Column("restarts", "RESTARTS"),
+    Column("status", "STATUS"),
+    Column("hparams", "HPARAMS"),
+    Column("start_time", "STARTED"),
+    Column("end_time", "ENDED"),
+]
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the ``trial`` command group."""
+    group = _common.add_group(commands, "trial", "trials and their metrics")
+    listing = _common.add_command(group, "list", _list, "list trials")
+    listing.add_argument("--experiment", type=int, metavar="ID", help="only this experiment's trials")
+    _common.add_output_options(listing)
+    metrics = _common.add_command(group, "metrics", _metrics, "print a trial's reported metrics")
+    metrics.add_argument("trial_id", metavar="TRIAL_ID", type=int, help="trial id")
+    metrics.add_argument("--group", metavar="G", help='only this group (e.g. "training", "validation")')
+    _common.add_output_options(metrics)
+
+
+def _flat_hparams(hparams: dict[str, Any], prefix: str = "") -> list[str]:
+    """``name=value`` pairs, nested hyperparameters as ``outer.inner=value``."""
+    pairs: list[str] = []
+    for key, value in hparams.items():
+        if isinstance(value, dict) and value:
+            pairs.extend(_flat_hparams(value, f"{prefix}{key}."))
+        else:
+            pairs.append(f"{prefix}{key}={text(value)}")
+    return pairs
+
+
+def _trial_row(t: Trial) -> list[Any]:
+    status = t.status or ""
+    if t.early_exit_reason:
+        status = f"{status} [early exit: {t.early_exit_reason}]".strip()
+    return [t.id, t.experiment_id, t.state, t.seed, t.progress, t.restarts, status,
+            " ".join(_flat_hparams(t.hparams)), t.start_time, t.end_time]
+
+
+def write_trial_table(out: TextIO, trials: Sequence[Trial]) -> None:
+    """The text table of ``trials`` (also used by ``experiment describe``)."""
+    out.write(table(_LIST_COLUMNS, [_trial_row(t) for t in trials]))
+
+
+def _list(args: argparse.Namespace) -> int:
+    store = _common.open_store(args)
+    trials = store.trials(args.experiment)
+    emit(sys.stdout, _common.output_format(args), _LIST_COLUMNS, [_trial_row(t) for t in trials], trials)
+    return 0
+
+
+def _metric_keys(records: Sequence[MetricRecord]) -> list[str]:
+    """Every metric name reported, in order of first appearance."""
+    keys: dict[str, None] = {}
+    for record in records:
+        keys.update(dict.fromkeys(record.metrics))
+    return list(keys)
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    store = _common.open_store(args)
+    records = store.metrics(args.trial_id, args.group)
+    keys = _metric_keys(records)
+    columns = [Column("steps_completed", "STEPS"), Column("group", "GROUP")]
+    columns += [Column(k, k) for k in keys]
+    rows = [[r.steps_completed, r.group, *(r.metrics.get(k) for k in keys)] for r in records]
+    emit(sys.stdout, _common.output_format(args), columns, rows, records)
+    return 0

@@ -1,0 +1,62 @@
+"""The ``det-trials`` entry point: builds the argument parser from the command groups and runs one command.
+
+To add a command group, write a module with ``register(commands)`` and list it in ``_GROUPS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from determined_trials.cli import _checkpoint, _common, _experiment, _trial
+from determined_trials.core._store import NotFoundError
+
+__all__ = ["build_parser", "main"]
+
+_GROUPS = (_experiment, _trial, _checkpoint)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``det-trials`` parser."""
+    parser = argparse.ArgumentParser(
+        prog="det-trials",
+        description="Inspect local determined_trials runs: experiments, trials, metrics, checkpoints.",
+    )
+    parser.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        default=None,
+        help=f"the run dir (default: ${_common.RUN_DIR_ENV}, else ./{_common.DEFAULT_RUN_DIR})",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for group in _GROUPS:
+        group.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``det-trials`` with ``argv`` (default: the process's arguments); return the exit code.
+
+    Exit codes: 0 success, 2 bad usage, missing run dir/store or unknown id.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        return int(args.handler(args))
+    except (_common.CliError, NotFoundError) as exc:
+        print(f"det-trials: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (`det-trials ... | head`); stop quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Experiment configuration: the frozen typed `ExperimentConfig`, `load_config`, and the
+hyperparameter helpers (`sample_hparams`, `grid_points`)."""
+
+from determined_trials.config._hparams import (
+    CategoricalHP,
+    ConstHP,
+    DoubleHP,
+    HParamSpec,
+    IntHP,
+    LogHP,
+    grid_points,
+    sample_hparams,
+)
+from determined_trials.config._length import Length, LengthUnit
+from determined_trials.config._load import ConfigSource, load_config
+from determined_trials.config._schema import (
+    ConfigWarning,
+    ExperimentConfig,
+    Optimizations,
+    Profiling,
+    Reproducibility,
+    Resources,
+)
+from determined_trials.config._searcher import (
+    AdaptiveASHASearcher,
+    GridSearcher,
+    RandomSearcher,
+    SearcherConfig,
+    SingleSearcher,
+)
+from determined_trials.config._storage import (
+    DirectoryStorage,
+    S3Storage,
+    SharedFSStorage,
+    StorageConfig,
+)
+
+__all__ = [
+    "AdaptiveASHASearcher",
+    "CategoricalHP",
+    "ConfigSource",
+    "ConfigWarning",
+    "ConstHP",
+    "DirectoryStorage",
+    "DoubleHP",
+    "ExperimentConfig",
+    "GridSearcher",
+    "HParamSpec",
+    "IntHP",
+    "Length",
+    "LengthUnit",
+    "LogHP",
+    "Optimizations",
+    "Profiling",
+    "RandomSearcher",
+    "Reproducibility",
+    "Resources",
+    "S3Storage",
+    "SearcherConfig",
+    "SharedFSStorage",
+    "SingleSearcher",
+    "StorageConfig",
+    "grid_points",
+    "load_config",
+    "sample_hparams",
+]

@@ -1,0 +1,129 @@
+"""`load_config`: read YAML (a file or text) or a mapping and validate it into an ExperimentConfig."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+from pydantic import ValidationError
+
+from determined_trials.config._errors import problems_from_validation, raise_problems
+from determined_trials.config._schema import ExperimentConfig
+from determined_trials.errors import ConfigError
+
+__all__ = ["ConfigSource", "load_config"]
+
+ConfigSource = Union[str, "os.PathLike[str]", Mapping[str, Any], ExperimentConfig]
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys and keeps timestamps as strings (JSON-able)."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        try:
+            duplicate = key in seen
+        except TypeError:  # unhashable key: let PyYAML report it
+            continue
+        if duplicate:
+            raise ConfigError(
+                f"duplicate key {key!r} at line {line} (first at line {seen[key]}); keep only one of them"
+            )
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _parse_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except ConfigError as exc:
+        raise ConfigError(f"Invalid experiment configuration in {source}: {exc}") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = exc.problem or exc.context or "syntax error"
+        raise ConfigError(
+            f"Invalid experiment configuration in {source}: YAML syntax error{where}: {problem}. "
+            "Check the indentation, colons and quoting on that line and the one before it."
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"Invalid experiment configuration in {source}: YAML error: {exc}") from None
+
+
+def _looks_like_path(text: str) -> bool:
+    stripped = text.strip()
+    return "\n" not in stripped and ": " not in stripped and not stripped.startswith(("{", "-"))
+
+
+def _read_file(path: Path) -> tuple[Any, str]:
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise ConfigError(
+            f"Experiment configuration file '{path}' {what} (looked from {Path.cwd()}). "
+            "Fix: pass the path of a YAML file, a YAML string, or a dict."
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"Cannot read experiment configuration file '{path}': {exc}") from None
+    return _parse_yaml(text, str(path)), str(path)
+
+
+def load_raw(source: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The unvalidated top-level mapping of a source, and a name for it in messages."""
+    origin: str | None = None
+    if isinstance(source, Mapping):
+        raw: Any = source
+    elif isinstance(source, os.PathLike) or (isinstance(source, str) and _looks_like_path(source)):
+        raw, origin = _read_file(Path(source))
+    elif isinstance(source, str):
+        raw, origin = _parse_yaml(source, "YAML text"), "YAML text"
+    else:
+        raise ConfigError(
+            f"Cannot load an experiment configuration from {type(source).__name__}; pass a path to a "
+            "YAML file, a YAML string, a dict, or an ExperimentConfig."
+        )
+    if not isinstance(raw, Mapping):
+        kind = "nothing (empty document)" if raw is None else type(raw).__name__
+        where = f" in {origin}" if origin else ""
+        raise ConfigError(
+            f"Invalid experiment configuration{where}: the top level must be a mapping of keys "
+            f"(name, hyperparameters, searcher, ...), got {kind}. Fix: write `key: value` lines at "
+            "the top level, e.g. `searcher: {name: single, metric: validation_loss}`."
+        )
+    return dict(raw), origin
+
+
+def validate_raw(raw: Mapping[str, Any], origin: str | None = None) -> ExperimentConfig:
+    """Validate a top-level mapping, raising ConfigError with every problem found."""
+    try:
+        return ExperimentConfig.model_validate(dict(raw))
+    except ValidationError as exc:
+        raise_problems(problems_from_validation(exc, ExperimentConfig), source=origin)
+
+
+def load_config(source: ConfigSource) -> ExperimentConfig:
+    """Parse and validate an experiment configuration, once.
+
+    `source` is a path to a YAML file (str or PathLike), YAML text, a mapping, or an already
+    parsed `ExperimentConfig` (returned as is). Raises `ConfigError` listing every problem.
+    Cluster-only keys (bind_mounts, workspace, ...) are dropped with a `ConfigWarning`.
+    """
+    if isinstance(source, ExperimentConfig):
+        return source
+    raw, origin = load_raw(source)
+    return validate_raw(raw, origin)

@@ -1,0 +1,181 @@
+"""`ExperimentConfig`, the frozen typed experiment configuration, and its smaller sections."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from determined_trials.config._base import ConfigProblems, StrictModel, json_value
+from determined_trials.config._hparams import HParams, grid_count_problems
+from determined_trials.config._length import Period
+from determined_trials.config._searcher import GridSearcher, SearcherConfig
+from determined_trials.config._storage import StorageConfig
+
+__all__ = [
+    "ConfigWarning",
+    "ExperimentConfig",
+    "Optimizations",
+    "Profiling",
+    "Reproducibility",
+    "Resources",
+]
+
+CLUSTER_ONLY_KEYS = frozenset({
+    "bind_mounts", "data_layer", "integrations", "internal", "log_policies", "pbs",
+    "preemption_timeout", "project", "retention_policy", "security", "slurm",
+    "tensorboard_storage", "workspace",
+})
+_CLUSTER_ONLY_RESOURCES = frozenset({"agent_label", "devices", "is_single_node", "native_parallel", "weight"})
+_CLUSTER_ONLY_OPTIMIZATIONS = frozenset({"grad_updates_size_file"})
+_MAX_SEED = 2**31 - 1
+
+
+class ConfigWarning(UserWarning):
+    """A config key was accepted but has no effect locally (e.g. cluster-only settings)."""
+
+
+def _drop_cluster_keys(data: Any, keys: frozenset[str], where: str) -> Any:
+    if not isinstance(data, Mapping):
+        return data
+    found = sorted(k for k in data if k in keys)
+    if found:
+        warnings.warn(
+            f"experiment config: ignoring cluster-only {where}key(s) {', '.join(found)}: "
+            "they have no effect when running locally",
+            ConfigWarning,
+            stacklevel=2,
+        )
+    return {k: v for k, v in data.items() if k not in keys}
+
+
+def _entrypoint(value: Any) -> Any:
+    if value is None or (isinstance(value, str) and value.strip()):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    raise ConfigProblems.at(
+        (), f"expected a non-empty string or list of strings, got {value!r}; e.g. "
+        "`entrypoint: model_def:MyTrial` or `entrypoint: [python3, train.py]`"
+    )
+
+
+def _shm_size(value: Any) -> Any:
+    if value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ConfigProblems.at((), f"expected a size in bytes or a string like '4G', got {value!r}")
+
+
+class Optimizations(StrictModel):
+    """Gradient aggregation and precision settings."""
+
+    aggregation_frequency: int = Field(default=1, ge=1, description="batches per optimizer step, e.g. `4`")
+    average_aggregated_gradients: bool = True
+    average_training_metrics: bool = True
+    gradient_compression: bool = False
+    mixed_precision: Literal["O0", "O1", "O2", "O3"] = "O0"
+    tensor_fusion_threshold: int = Field(default=64, ge=0, description="Horovod fusion buffer size in MB")
+    tensor_fusion_cycle_time: float = Field(default=1.0, ge=0, description="Horovod fusion cycle time in ms")
+    auto_tune_tensor_fusion: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cluster_only(cls, data: Any) -> Any:
+        return _drop_cluster_keys(data, _CLUSTER_ONLY_OPTIMIZATIONS, "optimizations ")
+
+
+class Resources(StrictModel):
+    """How many slots (processes/GPUs) a trial uses; the rest is accepted for ported configs."""
+
+    slots_per_trial: int = Field(
+        default=1, ge=1, description="processes (GPUs) per trial, e.g. `slots_per_trial: 2`"
+    )
+    max_slots: int | None = Field(default=None, ge=1, description="ignored locally")
+    resource_pool: str | None = Field(default=None, description="ignored locally")
+    priority: int | None = Field(default=None, description="ignored locally")
+    shm_size: Annotated[int | str | None, BeforeValidator(_shm_size)] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cluster_only(cls, data: Any) -> Any:
+        return _drop_cluster_keys(data, _CLUSTER_ONLY_RESOURCES, "resources ")
+
+
+class Reproducibility(StrictModel):
+    """The experiment seed from which trial seeds derive."""
+
+    experiment_seed: int | None = Field(
+        default=None, ge=0, le=_MAX_SEED,
+        description=f"an integer in 0..{_MAX_SEED}, e.g. `experiment_seed: 42`"
+    )
+
+
+class Profiling(StrictModel):
+    """The system-metrics profiler."""
+
+    enabled: bool = False
+    begin_on_batch: int = Field(default=0, ge=0, description="first profiled batch, e.g. `10`")
+    end_after_batch: int | None = Field(default=None, ge=0, description="last profiled batch")
+    sync_timings: bool = True
+
+    @model_validator(mode="after")
+    def _check_range(self) -> Profiling:
+        if self.end_after_batch is not None and self.end_after_batch < self.begin_on_batch:
+            raise ConfigProblems.at(
+                ("end_after_batch",),
+                f"end_after_batch ({self.end_after_batch}) is before begin_on_batch "
+                f"({self.begin_on_batch}); make it >= begin_on_batch or leave it out",
+            )
+        return self
+
+
+_FreeDict = Annotated[dict[str, Any], BeforeValidator(json_value)]
+
+
+class ExperimentConfig(StrictModel):
+    """A whole experiment configuration, validated once; frozen. Build it with `load_config`."""
+
+    name: str = Field(default="experiment", min_length=1, description="e.g. `name: mnist-const`")
+    description: str = ""
+    labels: Annotated[tuple[str, ...], Field(strict=False, description="e.g. `labels: [mnist, cnn]`")] = ()
+    entrypoint: Annotated[str | tuple[str, ...] | None, BeforeValidator(_entrypoint)] = None
+    hyperparameters: HParams = Field(
+        default_factory=dict, description="name -> value or `{type: int|double|log|categorical|const, ...}`"
+    )
+    searcher: SearcherConfig = Field(
+        description="e.g. `searcher: {name: single, metric: validation_loss, max_length: {batches: 1000}}`"
+    )
+    records_per_epoch: int = Field(default=0, ge=0, description="records per epoch (0 = from the data loader)")
+    min_validation_period: Period | None = Field(default=None, description="e.g. `{batches: 500}`")
+    min_checkpoint_period: Period | None = Field(default=None, description="e.g. `{epochs: 1}`")
+    perform_initial_validation: bool = False
+    checkpoint_storage: StorageConfig = None
+    checkpoint_policy: Literal["best", "all", "none"] = "best"
+    scheduling_unit: int = Field(default=100, ge=1, description="batches between metric reports, e.g. `100`")
+    optimizations: Optimizations = Optimizations()
+    resources: Resources = Resources()
+    max_restarts: int = Field(default=5, ge=0, description="how often a failed trial is restarted, e.g. `5`")
+    reproducibility: Reproducibility = Reproducibility()
+    profiling: Profiling = Profiling()
+    data: _FreeDict = Field(default_factory=dict, description="free-form settings for the trial")
+    environment: _FreeDict = Field(default_factory=dict, description="free-form environment settings")
+    debug: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cluster_only(cls, data: Any) -> Any:
+        return _drop_cluster_keys(data, CLUSTER_ONLY_KEYS, "")
+
+    @model_validator(mode="after")
+    def _check_grid(self) -> ExperimentConfig:
+        if isinstance(self.searcher, GridSearcher):
+            problems = grid_count_problems(self.hyperparameters)
+            if problems:
+                raise ConfigProblems([(("hyperparameters", *loc), msg) for loc, msg in problems])
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        """A plain JSON-able dict with every field (defaults filled); `load_config` accepts it."""
+        return self.model_dump(mode="json")

@@ -1,0 +1,110 @@
+"""The `searcher` section: one model per searcher, chosen by `name`."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from determined_trials.config._base import ConfigProblems, StrictModel, tagged_union
+from determined_trials.config._length import MaxLength
+
+__all__ = [
+    "AdaptiveASHASearcher",
+    "GridSearcher",
+    "RandomSearcher",
+    "SearcherConfig",
+    "SingleSearcher",
+]
+
+
+
+def _max_concurrent() -> Any:
+    return Field(
+        default=16, ge=0, description="trials run at once (0 = no limit), e.g. `max_concurrent_trials: 4`"
+    )
+
+
+def _max_trials() -> Any:
+    return Field(ge=1, description="how many trials to run, e.g. `max_trials: 16`")
+
+
+class _SearcherBase(StrictModel):
+    """Keys every searcher shares."""
+
+    name: str = Field(description="the searcher: single, grid, random or adaptive_asha")
+    metric: str = Field(
+        min_length=1,
+        description="the validation metric the searcher optimises, e.g. `metric: validation_loss`",
+    )
+    smaller_is_better: bool = Field(
+        default=True, description="whether a smaller metric is better, e.g. `smaller_is_better: false`"
+    )
+    max_length: MaxLength | None = Field(
+        default=None, description="how long each trial trains, e.g. `max_length: {batches: 1000}` or `1000`"
+    )
+
+
+class SingleSearcher(_SearcherBase):
+    """One trial with the hyperparameters as sampled."""
+
+    name: Literal["single"] = "single"
+
+
+class RandomSearcher(_SearcherBase):
+    """`max_trials` trials with independently sampled hyperparameters."""
+
+    name: Literal["random"] = "random"
+    max_trials: int = _max_trials()
+    max_concurrent_trials: int = _max_concurrent()
+
+
+class GridSearcher(_SearcherBase):
+    """One trial per point of the hyperparameter grid (int/double/log need `count`)."""
+
+    name: Literal["grid"] = "grid"
+    max_concurrent_trials: int = _max_concurrent()
+
+
+class AdaptiveASHASearcher(_SearcherBase):
+    """Asynchronous successive halving over `max_trials` sampled trials."""
+
+    name: Literal["adaptive_asha"] = "adaptive_asha"
+    max_trials: int = _max_trials()
+    max_concurrent_trials: int = _max_concurrent()
+    divisor: float = Field(default=4.0, gt=1, description="1/divisor of a rung is promoted, e.g. `divisor: 4`")
+    max_rungs: int = Field(default=5, ge=1, description="the most rungs of a bracket, e.g. `max_rungs: 5`")
+    mode: Literal["aggressive", "standard", "conservative"] = Field(
+        default="standard", description="how many brackets to run, e.g. `mode: standard`"
+    )
+    time_metric: str | None = Field(
+        default=None, min_length=1, description="a reported metric measuring progress instead of max_length"
+    )
+    max_time: int | None = Field(
+        default=None, ge=1, description="the time_metric value a trial trains to, e.g. `max_time: 1000`"
+    )
+
+    @model_validator(mode="after")
+    def _check_length(self) -> AdaptiveASHASearcher:
+        if (self.time_metric is None) != (self.max_time is None):
+            missing = "max_time" if self.max_time is None else "time_metric"
+            raise ConfigProblems.at(
+                (missing,), "time_metric and max_time go together; set both, or neither and use max_length"
+            )
+        if self.max_length is None and self.time_metric is None:
+            raise ConfigProblems.at(
+                ("max_length",), "adaptive_asha needs a length: set e.g. `max_length: {batches: 1000}` "
+                "(or time_metric with max_time)"
+            )
+        return self
+
+
+SearcherConfig = tagged_union(
+    {
+        "single": SingleSearcher, "grid": GridSearcher, "random": RandomSearcher,
+        "adaptive_asha": AdaptiveASHASearcher,
+    },
+    key="name",
+    what="a mapping with `name:` and `metric:`",
+)
+"""`searcher`: a discriminated union on `name`."""

@@ -1,0 +1,66 @@
+"""The `checkpoint_storage` section: a path/URI string or a mapping chosen by `type`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from determined_trials.config._base import StrictModel, tagged_union
+
+__all__ = ["DirectoryStorage", "S3Storage", "SharedFSStorage", "StorageConfig"]
+
+
+class _StorageBase(StrictModel):
+    """Checkpoint retention counts (kept for ported configs; the runner may apply them)."""
+
+    type: str = Field(description="the storage type: shared_fs, directory or s3")
+    save_experiment_best: int = Field(default=0, ge=0, description="best checkpoints kept per experiment")
+    save_trial_best: int = Field(default=1, ge=0, description="best checkpoints kept per trial")
+    save_trial_latest: int = Field(default=1, ge=0, description="latest checkpoints kept per trial")
+
+
+class SharedFSStorage(_StorageBase):
+    """A directory on a shared file system: `host_path` [/ `storage_path`]."""
+
+    type: Literal["shared_fs"] = "shared_fs"
+    host_path: str = Field(min_length=1, description="the base directory, e.g. `host_path: /mnt/ckpts`")
+    storage_path: str | None = Field(
+        default=None, min_length=1, description="a sub-directory of host_path, e.g. `storage_path: my-exp`"
+    )
+
+
+class DirectoryStorage(_StorageBase):
+    """A plain local directory."""
+
+    type: Literal["directory"] = "directory"
+    container_path: str = Field(min_length=1, description="the directory, e.g. `container_path: ./ckpts`")
+
+
+class S3Storage(_StorageBase):
+    """An S3 (or S3-compatible) bucket."""
+
+    type: Literal["s3"] = "s3"
+    bucket: str = Field(min_length=1, description="the bucket name, e.g. `bucket: my-checkpoints`")
+    prefix: str | None = Field(default=None, description="a key prefix inside the bucket")
+    endpoint_url: str | None = Field(default=None, description="e.g. `endpoint_url: http://127.0.0.1:9000`")
+    access_key: str | None = None
+    secret_key: str | None = None
+    region: str | None = None
+
+
+def _untyped(value: Any) -> str | None:
+    return "_path" if isinstance(value, str) else None
+
+
+StorageConfig = tagged_union(
+    {
+        "shared_fs": SharedFSStorage, "directory": DirectoryStorage, "s3": S3Storage,
+        "_path": Annotated[str, Field(min_length=1)],
+    },
+    key="type",
+    what="a directory path, an `s3://bucket/prefix` URI, or a mapping with `type:`",
+    fallback=_untyped,
+    nullable=True,
+)
+"""`checkpoint_storage`: None, a path or URI string, or a shared_fs/directory/s3 mapping."""

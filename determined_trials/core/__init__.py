@@ -1,0 +1,47 @@
+"""The Core API (``det.core``): init, Context and its contexts, storage and the local store.
+
+Imports neither torch nor tensorflow.
+"""
+
+from determined_trials.core._checkpoint import CheckpointContext, DownloadMode
+from determined_trials.core._context import Context, init
+from determined_trials.core._distributed import DistributedContext
+from determined_trials.core._preempt import PreemptContext, PreemptMode
+from determined_trials.core._profiler import ProfilerContext
+from determined_trials.core._searcher import (
+    SearcherContext,
+    SearcherMode,
+    SearcherOperation,
+    Unit,
+)
+from determined_trials.core._store import (
+    CheckpointRecord,
+    Experiment,
+    LocalStore,
+    MetricRecord,
+    Trial,
+)
+from determined_trials.core._train import EarlyExitReason, TensorboardMode, TrainContext
+
+__all__ = [
+    "CheckpointContext",
+    "CheckpointRecord",
+    "Context",
+    "DistributedContext",
+    "DownloadMode",
+    "EarlyExitReason",
+    "Experiment",
+    "LocalStore",
+    "MetricRecord",
+    "PreemptContext",
+    "PreemptMode",
+    "ProfilerContext",
+    "SearcherContext",
+    "SearcherMode",
+    "SearcherOperation",
+    "TensorboardMode",
+    "TrainContext",
+    "Trial",
+    "Unit",
+    "init",
+]

@@ -1,0 +1,162 @@
+"""The local store's reading API: experiments, trials, metrics, checkpoints, searcher ops, best validation."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from determined_trials.core import _store_records as _rec
+from determined_trials.core._store_records import (
+    CheckpointRecord,
+    Experiment,
+    MetricRecord,
+    NotFoundError,
+    SearcherOpRecord,
+    Trial,
+)
+
+__all__ = ["StoreReads"]
+
+_CHECKPOINT_SELECT = (
+    "SELECT c.*, t.experiment_id AS experiment_id FROM checkpoints AS c "
+    "LEFT JOIN trials AS t ON t.id = c.trial_id"
+)
+
+
+class StoreReads:
+    """Read methods shared by :class:`LocalStore`; subclasses provide ``_read`` and ``db_path``."""
+
+    path: Path
+    db_path: Path
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        raise NotImplementedError
+
+    def _not_found(self, kind: str, key: object) -> NotFoundError:
+        """The error for an id the store does not hold, saying where we looked and how to list ids."""
+        return NotFoundError(
+            f"{kind} {key!r} not found in the store {self.db_path} "
+            f"(`det-trials --run-dir {self.path} {kind} list` shows what it holds)"
+        )
+
+    # -- experiments ------------------------------------------------------------------------------
+    def experiments(self) -> list[Experiment]:
+        """All experiments, oldest first."""
+        return [_rec.experiment_from_row(r) for r in self._read("SELECT * FROM experiments ORDER BY id")]
+
+    def experiment(self, experiment_id: int) -> Experiment:
+        """One experiment; :class:`NotFoundError` (a ``KeyError``) if the id is unknown."""
+        rows = self._read("SELECT * FROM experiments WHERE id = ?", (int(experiment_id),))
+        if not rows:
+            raise self._not_found("experiment", experiment_id)
+        return _rec.experiment_from_row(rows[0])
+
+    def get_searcher_state(self, experiment_id: int) -> dict[str, Any] | None:
+        """The searcher state last saved with :meth:`set_searcher_state`, or ``None``."""
+        return self.experiment(experiment_id).searcher_state
+
+    # -- trials -----------------------------------------------------------------------------------
+    def trials(self, experiment_id: int | None = None) -> list[Trial]:
+        """All trials (of one experiment when ``experiment_id`` is given), in creation order."""
+        if experiment_id is None:
+            rows = self._read("SELECT * FROM trials ORDER BY id")
+        else:
+            self.experiment(experiment_id)
+            rows = self._read(
+                "SELECT * FROM trials WHERE experiment_id = ? ORDER BY id", (int(experiment_id),)
+            )
+        return [_rec.trial_from_row(r) for r in rows]
+
+    def trial(self, trial_id: int) -> Trial:
+        """One trial; :class:`NotFoundError` (a ``KeyError``) if the id is unknown."""
+        rows = self._read("SELECT * FROM trials WHERE id = ?", (int(trial_id),))
+        if not rows:
+            raise self._not_found("trial", trial_id)
+        return _rec.trial_from_row(rows[0])
+
+    def get_trial_metadata(self, trial_id: int) -> dict[str, Any]:
+        """The trial's metadata dict (empty until :meth:`set_trial_metadata` is called)."""
+        return self.trial(trial_id).metadata
+
+    def searcher_ops(self, trial_id: int) -> list[SearcherOpRecord]:
+        """The trial's searcher-operation reports, in report order."""
+        self.trial(trial_id)
+        rows = self._read("SELECT * FROM searcher_ops WHERE trial_id = ? ORDER BY id", (int(trial_id),))
+        return [_rec.searcher_op_from_row(r) for r in rows]
+
+    # -- metrics ----------------------------------------------------------------------------------
+    def metrics(self, trial_id: int, group: str | None = None) -> list[MetricRecord]:
+        """The trial's metrics (one group or all), ordered by steps, then by report order."""
+        self.trial(trial_id)
+        sql = "SELECT * FROM metrics WHERE trial_id = ?"
+        params: list[Any] = [int(trial_id)]
+        if group is not None:
+            sql += " AND grp = ?"
+            params.append(group)
+        rows = self._read(sql + " ORDER BY steps_completed, id", params)
+        return [_rec.metric_from_row(r) for r in rows]
+
+    def metric_groups(self, trial_id: int) -> list[str]:
+        """The metric groups the trial has reported, in order of first report."""
+        self.trial(trial_id)
+        rows = self._read(
+            "SELECT grp FROM metrics WHERE trial_id = ? GROUP BY grp ORDER BY MIN(id)", (int(trial_id),)
+        )
+        return [r["grp"] for r in rows]
+
+    def best_validation(self, experiment_id: int, metric: str, smaller_is_better: bool) -> float | None:
+        """Best value of ``metric`` over all "validation" reports of the experiment's trials.
+
+        Reports without the metric, or with a NaN or non-numeric value, are skipped; ``None`` if
+        no report has a usable value.
+        """
+        self.experiment(experiment_id)
+        rows = self._read(
+            "SELECT m.metrics FROM metrics AS m JOIN trials AS t ON t.id = m.trial_id "
+            "WHERE t.experiment_id = ? AND m.grp = 'validation'",
+            (int(experiment_id),),
+        )
+        values = [_rec.numeric(_rec.loads(r["metrics"]).get(metric)) for r in rows]
+        usable = [v for v in values if v is not None]
+        if not usable:
+            return None
+        return min(usable) if smaller_is_better else max(usable)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def checkpoints(
+        self,
+        *,
+        trial_id: int | None = None,
+        experiment_id: int | None = None,
+        include_deleted: bool = False,
+    ) -> list[CheckpointRecord]:
+        """Checkpoints in report order, optionally of one trial and/or experiment."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        if trial_id is not None:
+            self.trial(trial_id)
+            clauses.append("c.trial_id = ?")
+            params.append(int(trial_id))
+        if experiment_id is not None:
+            self.experiment(experiment_id)
+            clauses.append("t.experiment_id = ?")
+            params.append(int(experiment_id))
+        if not include_deleted:
+            clauses.append("c.state != 'DELETED'")
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self._read(f"{_CHECKPOINT_SELECT}{where} ORDER BY c.rowid", params)
+        return [_rec.checkpoint_from_row(r) for r in rows]
+
+    def checkpoint(self, uuid: str) -> CheckpointRecord:
+        """One checkpoint (also a deleted one); :class:`NotFoundError` if the uuid is unknown."""
+        rows = self._read(f"{_CHECKPOINT_SELECT} WHERE c.uuid = ?", (str(uuid),))
+        if not rows:
+            raise self._not_found("checkpoint", uuid)
+        return _rec.checkpoint_from_row(rows[0])
+
+    def latest_checkpoint(self, trial_id: int) -> CheckpointRecord | None:
+        """The trial's most recently reported checkpoint that is not deleted, or ``None``."""
+        found = self.checkpoints(trial_id=trial_id)
+        return found[-1] if found else None

@@ -1,0 +1,62 @@
+"""TensorBoard scalars for reported metrics, written with tensorboard's own record writer.
+
+Only ``tensorboard``'s protobufs and record writer are used (never TensorFlow), so the Core API
+stays framework-free.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ScalarWriter", "tag_for"]
+
+
+def tag_for(group: str, key: str) -> str:
+    """The TensorBoard tag of a metric: training keys as is, validation as ``val_*``, others group/key."""
+    if group == "training":
+        return key
+    if group == "validation":
+        return key if key.startswith("val") else f"val_{key}"
+    return f"{group}/{key}"
+
+
+class ScalarWriter:
+    """Appends scalar events to one event file in ``logdir`` (created on the first write)."""
+
+    def __init__(self, logdir: Path) -> None:
+        self._logdir = logdir
+        self._file: Any = None
+        self._writer: Any = None
+
+    def add_scalars(self, step: int, scalars: list[tuple[str, float]]) -> None:
+        """Write one event holding every (tag, value) at ``step`` and flush it to disk."""
+        if not scalars:
+            return
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        values = [summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in scalars]
+        event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values))
+        self._record_writer().write(event.SerializeToString())
+        self._record_writer().flush()
+
+    def close(self) -> None:
+        """Close the event file; idempotent."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _record_writer(self) -> Any:
+        if self._writer is None:
+            from tensorboard.compat.proto import event_pb2
+            from tensorboard.summary.writer.record_writer import RecordWriter
+
+            self._logdir.mkdir(parents=True, exist_ok=True)
+            name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}.0"
+            self._writer = RecordWriter(open(self._logdir / name, "wb"))  # noqa: SIM115 - closed by close()
+            header = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
+            self._writer.write(header.SerializeToString())
+        return self._writer

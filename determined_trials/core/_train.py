@@ -1,0 +1,194 @@
+"""TrainContext: reporting metrics, status, metadata and early exits to the local store (and TensorBoard)."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import numbers
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from determined_trials.core._metrics import (
+    check_group_name,
+    scalar_items,
+    to_json_metrics,
+)
+from determined_trials.core._tensorboard import ScalarWriter, tag_for
+
+if TYPE_CHECKING:
+    from determined_trials.core._distributed import DistributedContext
+    from determined_trials.core._store import LocalStore
+
+__all__ = ["EarlyExitReason", "TensorboardMode", "TrainContext"]
+
+logger = logging.getLogger("determined_trials.core")
+
+
+class TensorboardMode(enum.Enum):
+    """AUTO: the chief writes reported metrics as TensorBoard scalars. MANUAL: nothing is written."""
+
+    AUTO = "AUTO"
+    MANUAL = "MANUAL"
+
+
+class EarlyExitReason(enum.Enum):
+    """Why a trial ended before its searcher length."""
+
+    INVALID_HP = "INVALID_HP"
+    USER_REQUESTED_STOP = "USER_REQUESTED_STOP"
+
+
+class TrainContext:
+    """Reports a trial's metrics and state; every report lands in the run folder's store."""
+
+    def __init__(
+        self,
+        *,
+        store: LocalStore,
+        trial_id: int,
+        experiment_id: int,
+        dist: DistributedContext,
+        tensorboard_mode: TensorboardMode,
+        tensorboard_dir: Path,
+        searcher_metric: str | None = None,
+        smaller_is_better: bool = True,
+    ) -> None:
+        self._store = store
+        self._trial_id = trial_id
+        self._experiment_id = experiment_id
+        self._dist = dist
+        self._tensorboard_mode = tensorboard_mode
+        self._tensorboard_dir = tensorboard_dir
+        self._searcher_metric = searcher_metric
+        self._smaller_is_better = smaller_is_better
+        self._tb_writer = ScalarWriter(tensorboard_dir) if self._writes_tensorboard() else None
+        self._keys_at_step: dict[str, tuple[int, set[str]]] = {}
+
+    def report_training_metrics(
+        self,
+        steps_completed: int,
+        metrics: dict[str, Any],
+        batch_metrics: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Report training metrics at ``steps_completed`` (usually batches trained so far)."""
+        self._report("training", steps_completed, metrics, batch_metrics)
+
+    def report_validation_metrics(self, steps_completed: int, metrics: dict[str, Any]) -> None:
+        """Report validation metrics at ``steps_completed``."""
+        self._report("validation", steps_completed, metrics, None)
+
+    def report_metrics(self, group: str, steps_completed: int, metrics: dict[str, Any]) -> None:
+        """Report metrics of any group ('training' and 'validation' are the built-in ones)."""
+        check_group_name(group)
+        self._report(group, steps_completed, metrics, None)
+
+    def report_progress(self, progress: float) -> None:
+        """Report the trial's progress as a fraction in [0, 1]."""
+        if not 0.0 <= float(progress) <= 1.0:
+            raise ValueError(f"progress must be a fraction between 0 and 1, got {progress!r}")
+        self._store.set_trial_progress(self._trial_id, float(progress))
+
+    def set_status(self, status: str) -> None:
+        """A short text saying what the trial is doing now (shown by ``det-trials trial list``)."""
+        self._store.set_trial_status(self._trial_id, str(status))
+
+    def set_metadata(self, metadata: dict[str, Any]) -> dict[str, Any]:
+        """Replace the trial's metadata (any JSON dict); returns what was stored."""
+        converted = to_json_metrics(metadata, what="metadata")
+        self._store.set_trial_metadata(self._trial_id, converted)
+        return converted
+
+    def get_metadata(self) -> dict[str, Any] | None:
+        """The trial's metadata, or None when none was set."""
+        return self._store.get_trial_metadata(self._trial_id) or None
+
+    def get_tensorboard_path(self) -> Path:
+        """The folder to write TensorBoard files to (the trial's own for the chief, per rank otherwise)."""
+        if self._dist.get_rank() == 0:
+            path = self._tensorboard_dir
+        else:
+            path = self._tensorboard_dir.parent / f"{self._tensorboard_dir.name}-rank{self._dist.get_rank()}-staging"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def upload_tensorboard_files(
+        self,
+        selector: Callable[[Path], bool] = lambda _: True,
+        mangler: Callable[[Path, int], Path] = lambda path, rank: path,
+    ) -> None:
+        """Copy the selected files under ``get_tensorboard_path()`` into the trial's TensorBoard folder."""
+        source = self.get_tensorboard_path()
+        rank = self._dist.get_rank()
+        for path in sorted(p for p in source.rglob("*") if p.is_file()):
+            relative = path.relative_to(source)
+            if not selector(relative):
+                continue
+            target = self._tensorboard_dir / mangler(relative, rank)
+            if target.resolve() == path.resolve():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+
+    def report_early_exit(self, reason: EarlyExitReason) -> None:
+        """Record that the trial ends early (e.g. INVALID_HP); the experiment goes on."""
+        if not isinstance(reason, EarlyExitReason):
+            raise TypeError(f"reason must be an EarlyExitReason, got {reason!r}")
+        self._store.set_trial_early_exit(self._trial_id, reason.value)
+
+    def get_experiment_best_validation(self) -> float | None:
+        """The best value of the searcher metric reported so far by any trial of the experiment."""
+        if self._searcher_metric is None:
+            return None
+        return self._store.best_validation(
+            self._experiment_id, self._searcher_metric, self._smaller_is_better
+        )
+
+    def close(self) -> None:
+        """Close the TensorBoard event file."""
+        if self._tb_writer is not None:
+            self._tb_writer.close()
+
+    def _writes_tensorboard(self) -> bool:
+        return self._tensorboard_mode is TensorboardMode.AUTO and self._dist.get_rank() == 0
+
+    def _report(
+        self,
+        group: str,
+        steps_completed: int,
+        metrics: dict[str, Any],
+        batch_metrics: list[dict[str, Any]] | None,
+    ) -> None:
+        steps = _check_steps(steps_completed)
+        converted = to_json_metrics(metrics, what=f"{group} metrics")
+        batches = None
+        if batch_metrics is not None:
+            batches = [to_json_metrics(m, what=f"batch_metrics[{i}]") for i, m in enumerate(batch_metrics)]
+        self._check_no_overlap(group, steps, converted)
+        self._store.add_metrics(
+            trial_id=self._trial_id, group=group, steps_completed=steps,
+            metrics=converted, batch_metrics=batches,
+        )
+        if self._tb_writer is not None:
+            scalars = [(tag_for(group, key), value) for key, value in scalar_items(converted)]
+            self._tb_writer.add_scalars(steps, scalars)
+        logger.debug("reported %s metrics at step %d: %s", group, steps, converted)
+
+    def _check_no_overlap(self, group: str, steps: int, metrics: dict[str, Any]) -> None:
+        last_steps, keys = self._keys_at_step.get(group, (-1, set()))
+        if last_steps != steps:
+            keys = set()
+        overlap = keys & metrics.keys()
+        if overlap:
+            raise ValueError(
+                f"{group} metrics {sorted(overlap)} were already reported at steps_completed={steps}; "
+                "report each key once per step (or use a different steps_completed)"
+            )
+        self._keys_at_step[group] = (steps, keys | metrics.keys())
+
+
+def _check_steps(steps_completed: Any) -> int:
+    if isinstance(steps_completed, bool) or not isinstance(steps_completed, numbers.Integral) or steps_completed < 0:
+        raise TypeError(f"steps_completed must be a non-negative int, got {steps_completed!r}")
+    return int(steps_completed)

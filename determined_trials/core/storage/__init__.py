@@ -1,0 +1,25 @@
+"""Checkpoint storage backends (a directory, S3) behind one StorageManager interface."""
+
+from __future__ import annotations
+
+from determined_trials.core.storage._base import (
+    METADATA_FILE,
+    CheckpointNotFoundError,
+    Selector,
+    StorageError,
+    StorageManager,
+)
+from determined_trials.core.storage._directory import DirectoryStorage
+from determined_trials.core.storage._s3 import S3Storage
+from determined_trials.core.storage._spec import storage_from_spec
+
+__all__ = [
+    "METADATA_FILE",
+    "CheckpointNotFoundError",
+    "DirectoryStorage",
+    "S3Storage",
+    "Selector",
+    "StorageError",
+    "StorageManager",
+    "storage_from_spec",
+]

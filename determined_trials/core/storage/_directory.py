@@ -1,0 +1,217 @@
+"""DirectoryStorage: checkpoints as ``<dir>/<storage id>/`` folders, published by an atomic rename."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from determined_trials.core.storage._base import (
+    METADATA_FILE,
+    CheckpointNotFoundError,
+    Selector,
+    StorageError,
+    StorageManager,
+    check_storage_id,
+    dump_metadata,
+    list_local_files,
+    safe_join,
+)
+from determined_trials.errors import ConfigError
+
+__all__ = ["DirectoryStorage"]
+
+logger = logging.getLogger("determined_trials.core")
+
+_STAGING = ".staging-"
+_DELETING = ".deleting-"
+_MERGED = "merged"
+
+
+class DirectoryStorage(StorageManager):
+    """Checkpoints in a local or shared folder (``shared_fs``/``directory`` configs, plain paths).
+
+    Each rank writes into ``<dir>/.staging-<id>/rank-<r>/``; the chief merges the rank folders,
+    writes ``metadata.json`` and renames the result to ``<dir>/<id>``, so a checkpoint appears
+    complete or not at all (also when the writer is killed). Hidden entries are never listed.
+    Direct access: ``restore`` yields the stored folder itself, without copying. With several
+    machines the folder must be on a file system that all of them share.
+    """
+
+    direct_access = True
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        root = Path(path).expanduser()
+        if root.exists() and not root.is_dir():
+            raise ConfigError(
+                f"checkpoint storage path {str(root)!r} is a file; give a directory (it is created if missing)"
+            )
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create checkpoint storage directory {str(root)!r}: {exc}") from exc
+        self._root = root.resolve()
+
+    @property
+    def path(self) -> Path:
+        """The folder that holds one sub-folder per checkpoint."""
+        return self._root
+
+    def describe(self) -> str:
+        return f"directory {self._root}"
+
+    # -- writing -----------------------------------------------------------------------------------
+    def _staging(self, storage_id: str) -> Path:
+        return self._root / f"{_STAGING}{check_storage_id(storage_id)}"
+
+    def stage_dir(self, storage_id: str, rank: int) -> Path:
+        path = self._staging(storage_id) / f"rank-{int(rank)}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def put(self, storage_id: str, rank: int, src: Path, files: Sequence[str]) -> None:
+        dest = self.stage_dir(storage_id, rank)
+        if Path(src).resolve() == dest.resolve():
+            keep = set(files)
+            for rel in list_local_files(dest):
+                if rel not in keep:
+                    safe_join(dest, rel).unlink()
+            return
+        for rel in files:
+            target = safe_join(dest, rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(safe_join(Path(src), rel), target)
+
+    def release(self, storage_id: str, rank: int) -> None:
+        """Nothing to drop: staged files live in the storage folder until commit or abort."""
+
+    def commit(self, storage_id: str, metadata: dict[str, Any]) -> dict[str, int]:
+        staging = self._staging(storage_id)
+        final = self._root / storage_id
+        ranks = sorted(staging.glob("rank-*"), key=lambda p: int(p.name.split("-", 1)[1]))
+        if not ranks:  # a checkpoint holding only its metadata
+            ranks = [self.stage_dir(storage_id, 0)]
+        if final.exists():
+            raise StorageError(f"checkpoint {storage_id!r} already exists in {self._root}; ids must be fresh")
+        ready = ranks[0] if len(ranks) == 1 else _merge(ranks, staging / _MERGED)
+        _write_synced(ready / METADATA_FILE, dump_metadata(metadata))
+        os.rename(ready, final)
+        _fsync_dir(self._root)
+        shutil.rmtree(staging, ignore_errors=True)
+        return list_local_files(final)
+
+    def abort(self, storage_id: str) -> None:
+        shutil.rmtree(self._staging(storage_id), ignore_errors=True)
+
+    def remove_stale_staging(self, older_than_s: float = 24 * 3600.0) -> list[str]:
+        """Delete staging/deleting leftovers of crashed writers untouched for ``older_than_s``; return names."""
+        removed = []
+        cutoff = time.time() - older_than_s
+        for entry in self._root.iterdir():
+            if entry.name.startswith((_STAGING, _DELETING)) and _newest_mtime(entry) < cutoff:
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry.name)
+        return sorted(removed)
+
+    # -- reading -----------------------------------------------------------------------------------
+    def _require(self, storage_id: str) -> Path:
+        path = self._root / check_storage_id(storage_id)
+        if not (path / METADATA_FILE).is_file():
+            raise CheckpointNotFoundError(storage_id, self.describe())
+        return path
+
+    def exists(self, storage_id: str) -> bool:
+        return (self._root / check_storage_id(storage_id) / METADATA_FILE).is_file()
+
+    def list_checkpoints(self) -> list[str]:
+        return sorted(
+            e.name for e in self._root.iterdir() if not e.name.startswith(".") and (e / METADATA_FILE).is_file()
+        )
+
+    def list_files(self, storage_id: str) -> dict[str, int]:
+        return list_local_files(self._require(storage_id))
+
+    def read_metadata(self, storage_id: str) -> dict[str, Any]:
+        path = self._require(storage_id) / METADATA_FILE
+        data = json.loads(path.read_bytes())
+        if not isinstance(data, dict):
+            raise StorageError(f"{path} does not hold a JSON object; the checkpoint is damaged")
+        return data
+
+    def download(self, storage_id: str, dst: Path, selector: Selector | None = None) -> None:
+        self.download_files(storage_id, dst, list(list_local_files(self._require(storage_id), selector)))
+
+    def download_files(self, storage_id: str, dst: Path, files: Sequence[str]) -> None:
+        src = self._require(storage_id)
+        Path(dst).mkdir(parents=True, exist_ok=True)
+        for rel in files:
+            target = safe_join(Path(dst), rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(safe_join(src, rel), target)
+
+    @contextlib.contextmanager
+    def restore(self, storage_id: str, selector: Selector | None = None) -> Iterator[Path]:
+        """Yield the stored folder itself (direct access); ``selector`` is moot since nothing is copied."""
+        path = self._require(storage_id)
+        if selector is not None:
+            logger.debug("restore of %s from %s yields the stored folder; selector not applied", storage_id, self)
+        yield path
+
+    def delete(self, storage_id: str) -> bool:
+        path = self._root / check_storage_id(storage_id)
+        staging = self._staging(storage_id)
+        found = path.exists() or staging.exists()
+        if path.exists():
+            # Rename first so that readers never see a half-deleted checkpoint as a valid one.
+            trash = self._root / f"{_DELETING}{storage_id}-{uuid.uuid4().hex[:8]}"
+            os.rename(path, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        return found
+
+
+def _merge(rank_dirs: list[Path], target: Path) -> Path:
+    """Move every file of ``rank_dirs`` into ``target`` (same file system); a clash is an error."""
+    target.mkdir(parents=True, exist_ok=True)
+    for rank_dir in rank_dirs:
+        for rel in list_local_files(rank_dir):
+            if rel == METADATA_FILE:
+                continue  # replaced by the checkpoint's own metadata.json
+            dest = safe_join(target, rel)
+            if dest.exists():
+                raise StorageError(f"file {rel!r} was written by more than one rank ({rank_dir.name} and another)")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(safe_join(rank_dir, rel), dest)
+    return target
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _newest_mtime(path: Path) -> float:
+    newest = path.stat().st_mtime
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.stat(os.path.join(dirpath, name)).st_mtime)
+    return newest

@@ -1,0 +1,127 @@
+"""storage_from_spec: turn a ``checkpoint_storage`` value (path, URI, dict, config object) into a backend."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from determined_trials.core.storage._base import StorageManager
+from determined_trials.core.storage._directory import DirectoryStorage
+from determined_trials.core.storage._s3 import S3Storage
+from determined_trials.errors import ConfigError
+
+__all__ = ["storage_from_spec"]
+
+# Keys of Determined's checkpoint_storage that concern the checkpoint policy, not the backend.
+_POLICY_KEYS = {"save_experiment_best", "save_trial_best", "save_trial_latest"}
+_KEYS: dict[str, set[str]] = {
+    "shared_fs": {"host_path", "storage_path", "propagation", "container_path"},
+    "directory": {"container_path"},
+    "s3": {"bucket", "prefix", "endpoint_url", "access_key", "secret_key", "region"},
+}
+
+
+def storage_from_spec(spec: Any, *, default_dir: str | os.PathLike[str]) -> StorageManager:
+    """Build the storage backend that ``spec`` describes.
+
+    ``None`` -> a directory at ``default_dir``; a path -> that directory; ``s3://bucket/prefix`` -> S3;
+    a mapping (or a config object with ``model_dump()``) with ``type`` shared_fs (host_path
+    [+ storage_path]), directory (container_path) or s3 (bucket, prefix, endpoint_url, access_key,
+    secret_key, region). A ready StorageManager is returned as is.
+    """
+    if spec is None:
+        return DirectoryStorage(default_dir)
+    if isinstance(spec, StorageManager):
+        return spec
+    if isinstance(spec, os.PathLike):
+        return DirectoryStorage(spec)
+    if isinstance(spec, str):
+        return _from_string(spec)
+    if hasattr(spec, "model_dump") and callable(spec.model_dump):
+        spec = spec.model_dump()
+    if isinstance(spec, Mapping):
+        return _from_mapping(spec)
+    raise ConfigError(
+        f"checkpoint_storage must be a path, an s3://bucket/prefix URI or a mapping with a 'type', "
+        f"got {type(spec).__name__}"
+    )
+
+
+def _from_string(spec: str) -> StorageManager:
+    if not spec.strip():
+        raise ConfigError("checkpoint_storage is an empty string; give a directory or an s3://bucket/prefix URI")
+    if "://" not in spec:
+        return DirectoryStorage(spec)
+    url = urlparse(spec)
+    if url.scheme == "s3":
+        if not url.netloc:
+            raise ConfigError(f"checkpoint_storage {spec!r} names no bucket; write s3://<bucket>[/<prefix>]")
+        return S3Storage(url.netloc, url.path.strip("/"))
+    if url.scheme == "file":
+        return DirectoryStorage(url.path)
+    raise ConfigError(
+        f"checkpoint_storage URI scheme {url.scheme!r} is not supported ({spec!r}); use a directory path, "
+        "file:///path or s3://<bucket>[/<prefix>]"
+    )
+
+
+def _from_mapping(spec: Mapping[str, Any]) -> StorageManager:
+    kind = spec.get("type")
+    if kind not in _KEYS:
+        known = ", ".join(sorted(_KEYS))
+        hint = difflib.get_close_matches(str(kind), list(_KEYS), n=1)
+        suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise ConfigError(f"checkpoint_storage.type {kind!r} is not supported{suggestion}; use one of: {known}")
+    values = {k: v for k, v in spec.items() if k != "type" and k not in _POLICY_KEYS}
+    for key in values:
+        if key not in _KEYS[kind]:
+            hint = difflib.get_close_matches(key, sorted(_KEYS[kind]), n=1)
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ConfigError(
+                f"checkpoint_storage.{key} is not a field of type {kind!r}{suggestion} "
+                f"(fields: {', '.join(sorted(_KEYS[kind]))})"
+            )
+    if kind == "s3":
+        if not values.get("bucket"):
+            raise ConfigError("checkpoint_storage.bucket is required for type 's3'")
+        return S3Storage(
+            values["bucket"],
+            values.get("prefix"),
+            endpoint_url=values.get("endpoint_url"),
+            access_key=values.get("access_key"),
+            secret_key=values.get("secret_key"),
+            region=values.get("region"),
+        )
+    if kind == "directory":
+        return DirectoryStorage(_required_path(values, "container_path", kind))
+    return DirectoryStorage(_shared_fs_path(values))
+
+
+def _required_path(values: Mapping[str, Any], key: str, kind: str) -> Path:
+    raw = values.get(key)
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        raise ConfigError(f"checkpoint_storage.{key} is required for type {kind!r}")
+    if not isinstance(raw, (str, os.PathLike)):
+        raise ConfigError(f"checkpoint_storage.{key} must be a path string, got {type(raw).__name__}")
+    return Path(raw).expanduser()
+
+
+def _shared_fs_path(values: Mapping[str, Any]) -> Path:
+    """host_path, or storage_path inside it (a relative storage_path is taken relative to host_path)."""
+    host = _required_path(values, "host_path", "shared_fs")
+    storage = values.get("storage_path")
+    if storage is None or storage == "":
+        return host
+    path = Path(storage).expanduser()
+    if not path.is_absolute():
+        return host / path
+    if not path.resolve().is_relative_to(host.resolve()):
+        raise ConfigError(
+            f"checkpoint_storage.storage_path {str(path)!r} lies outside host_path {str(host)!r}; "
+            "make it relative to host_path or a folder inside it"
+        )
+    return path

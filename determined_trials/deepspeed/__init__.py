@@ -1,0 +1,1 @@
+"""determined_trials.deepspeed: see DESIGN.md (filled in by later issues)."""

@@ -1,0 +1,1 @@
+"""determined_trials.launch: see DESIGN.md (filled in by later issues)."""

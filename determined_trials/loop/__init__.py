@@ -1,0 +1,48 @@
+"""The framework-agnostic loop: units, schedule, trial state, hook order, controller.
+
+Imports neither torch nor tensorflow; the PyTorch, DeepSpeed and Keras adapters run under it.
+"""
+
+from determined_trials.loop._adapter import DataShape, TrialAdapter
+from determined_trials.loop._controller import (
+    CHECKPOINT_FORMAT,
+    TRIAL_STATE_FILE,
+    Controller,
+    ExitReason,
+    LoopSettings,
+)
+from determined_trials.loop._hooks import HookRunner
+from determined_trials.loop._progress import Progress, progress_enabled, summary_line
+from determined_trials.loop._schedule import Boundary, Schedule
+from determined_trials.loop._state import TrialState
+from determined_trials.loop._units import (
+    Batch,
+    BatchRule,
+    Epoch,
+    Record,
+    TrainUnit,
+    unit_from_length,
+)
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "TRIAL_STATE_FILE",
+    "Batch",
+    "BatchRule",
+    "Boundary",
+    "Controller",
+    "DataShape",
+    "Epoch",
+    "ExitReason",
+    "HookRunner",
+    "LoopSettings",
+    "Progress",
+    "Record",
+    "Schedule",
+    "TrainUnit",
+    "TrialAdapter",
+    "TrialState",
+    "progress_enabled",
+    "summary_line",
+    "unit_from_length",
+]

@@ -1,0 +1,54 @@
+"""The interface every framework adapter offers the one loop (PyTorch, DeepSpeed, Keras)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from determined_trials.loop._state import TrialState
+
+__all__ = ["DataShape", "TrialAdapter"]
+
+
+class DataShape(Protocol):
+    """What the loop needs to know of the training data to turn units into batches."""
+
+    epoch_len: int | None
+    global_batch_size: int | None
+
+
+class TrialAdapter(Protocol):
+    """Turns "train n batches", "evaluate", "save" and "load" into framework calls.
+
+    Every method is called on every rank, except ``save`` (chief only). Metrics returned by
+    ``training_metrics`` and ``validate`` are already reduced across batches and ranks and are
+    the same on every rank.
+    """
+
+    framework: str
+
+    def load(self, path: Path) -> None:
+        """Restore models, optimizers, RNGs and callback state from a checkpoint folder."""
+
+    def start_training(self, state: TrialState) -> DataShape:
+        """Build the training data stream positioned after ``state.batches_trained`` batches."""
+
+    def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
+        """Train up to ``num_batches`` batches, advancing ``state`` after each one and calling the
+        epoch hooks; stop early after a batch where ``should_stop()`` is True."""
+
+    def stop_requested(self) -> bool:
+        """Whether the trial asked to stop (``context.set_stop_requested(True)``)."""
+
+    def training_metrics(self) -> dict[str, Any]:
+        """The workload's training metrics (one host transfer, one collective) and reset them."""
+
+    def validate(self, *, test_mode: bool = False) -> dict[str, Any]:
+        """Evaluate on the validation data; the reduced metrics, the same on every rank."""
+
+    def save(self, path: Path) -> None:
+        """Write the framework state (models, optimizers, RNGs, callbacks...) into ``path``."""
+
+    def close(self) -> None:
+        """Release data loader workers and other resources; idempotent."""

@@ -1,0 +1,309 @@
+"""The one training loop: ask the schedule for the next boundary, have the adapter train that many
+batches, then report, validate and checkpoint in a fixed order. Stops (preemption, stop requests)
+are honoured after the batch where they arrive, with a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from determined_trials.loop._adapter import DataShape, TrialAdapter
+from determined_trials.loop._hooks import HookRunner
+from determined_trials.loop._progress import Progress, progress_enabled, summary_line
+from determined_trials.loop._schedule import Boundary, Schedule
+from determined_trials.loop._state import TrialState
+from determined_trials.loop._units import TrainUnit, unit_from_length
+
+if TYPE_CHECKING:
+    from determined_trials.core import Context, SearcherOperation
+
+__all__ = ["CHECKPOINT_FORMAT", "TRIAL_STATE_FILE", "Controller", "ExitReason", "LoopSettings"]
+
+logger = logging.getLogger("determined_trials.loop")
+
+TRIAL_STATE_FILE = "trial_state.json"
+CHECKPOINT_FORMAT = "determined_trials/1"
+_POLICIES = ("best", "all", "none")
+
+
+class ExitReason(enum.Enum):
+    """How ``run`` ended: trained to the end, preempted (resumable), or stopped by the trial."""
+
+    COMPLETED = "completed"
+    PREEMPTED = "preempted"
+    STOPPED = "stopped"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    """Everything the loop needs from ``Trainer.fit`` (or the harness), parsed once."""
+
+    max_length: TrainUnit | None
+    validation_period: TrainUnit | None = None
+    checkpoint_period: TrainUnit | None = None
+    reporting_period: TrainUnit | None = None
+    checkpoint_policy: str = "best"
+    step_zero_validation: bool = False
+    test_mode: bool = False
+    profiling_enabled: bool = False
+    show_progress: bool | None = None
+    summaries: bool = True
+    searcher_metric: str | None = None
+    smaller_is_better: bool = True
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_policy not in _POLICIES:
+            raise ValueError(f"checkpoint_policy must be one of {list(_POLICIES)}, got {self.checkpoint_policy!r}")
+        for name in ("max_length", "validation_period", "checkpoint_period", "reporting_period"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, TrainUnit):
+                raise TypeError(f"{name} must be Batch(...), Epoch(...) or Record(...), got {value!r}")
+        if self.max_length is not None and not self.max_length.is_period:
+            raise ValueError(f"max_length must be a single length, got the schedule {self.max_length!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    batches: int
+    op: SearcherOperation | None = None
+
+
+class Controller:
+    """Drives one trial through an adapter under a Core API context."""
+
+    def __init__(self, *, core: Context, adapter: TrialAdapter, hooks: HookRunner, settings: LoopSettings) -> None:
+        self._core = core
+        self._adapter = adapter
+        self._hooks = hooks
+        self._settings = settings
+        self._dist = core.distributed
+        self._is_chief = self._dist.get_rank() == 0
+        self._state = TrialState(trial_id=core.info.trial.trial_id)
+        self._exit: ExitReason | None = None
+        self._last_validation: dict[str, Any] = {}
+        self._progress: Progress | None = None
+
+    @property
+    def state(self) -> TrialState:
+        """The trial's counters (live)."""
+        return self._state
+
+    def run(self, latest_checkpoint: str | None = None) -> ExitReason:
+        """Train until the length is reached, the trial is preempted or it asks to stop."""
+        try:
+            self._startup(latest_checkpoint)
+            shape = self._adapter.start_training(self._state)
+            self._hooks.call("on_training_start")
+            if self._settings.profiling_enabled:
+                self._core.profiler.on()
+            return self._train(shape)
+        finally:
+            self._shutdown()
+
+    # -- start and end -------------------------------------------------------------------------
+
+    def _startup(self, latest_checkpoint: str | None) -> None:
+        if latest_checkpoint is None:
+            self._hooks.call("on_trial_startup", 0, None)
+            return
+        with self._core.checkpoint.restore_path(latest_checkpoint) as path:
+            self._state.load_state_dict(_read_trial_state(path, latest_checkpoint))
+            self._state.trial_id = self._core.info.trial.trial_id
+            self._hooks.call("on_trial_startup", self._state.batches_trained, latest_checkpoint)
+            self._adapter.load(path)
+        logger.info("resumed from checkpoint %s after %d batches", latest_checkpoint, self._state.batches_trained)
+
+    def _shutdown(self) -> None:
+        try:
+            if self._settings.profiling_enabled:
+                self._core.profiler.off()
+            if self._progress is not None:
+                self._progress.close()
+            self._adapter.close()
+        finally:
+            self._hooks.call("on_trial_shutdown")
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _train(self, shape: DataShape) -> ExitReason:
+        schedule = self._schedule(shape)
+        self._progress = self._make_progress(shape)
+        if self._settings.step_zero_validation and self._state.batches_trained == 0:
+            self._validate()
+        for target in self._targets(shape):
+            self._progress.set_total(target.batches)
+            while self._state.batches_trained < target.batches:
+                if self._workload(schedule, target.batches):
+                    return self._exit_early()
+            if target.op is not None:
+                self._complete_operation(target.op)
+            if self._settings.test_mode:
+                break
+        if self._state.last_validation != self._state.batches_trained:
+            self._validate()
+        self._checkpoint_if_needed()
+        return ExitReason.COMPLETED
+
+    def _workload(self, schedule: Schedule, target: int) -> bool:
+        """Train to the next boundary and process it; True when the trial must stop now."""
+        state = self._state
+        if self._settings.test_mode:
+            end = state.batches_trained + 1
+        else:
+            end = schedule.next_boundary(state.batches_trained, target)
+        self._adapter.train(end - state.batches_trained, state, self._should_stop)
+        fired = schedule.fired(state.batches_trained, target)
+        self._end_workload()
+        if self._exit is not None:
+            return True
+        if Boundary.VALIDATE in fired and state.last_validation != state.batches_trained:
+            self._validate()
+        if Boundary.CHECKPOINT in fired:
+            self._checkpoint_if_needed()
+        return self._settings.test_mode
+
+    def _should_stop(self) -> bool:
+        preempt, stop = self._core.preempt.check(stop_requested=self._adapter.stop_requested())
+        if preempt:
+            self._exit = ExitReason.PREEMPTED
+        elif stop:
+            self._exit = ExitReason.STOPPED
+        return preempt or stop
+
+    def _exit_early(self) -> ExitReason:
+        assert self._exit is not None
+        logger.info("%s after batch %d: checkpointing and exiting", self._exit.value, self._state.batches_trained)
+        self._checkpoint_if_needed()
+        return self._exit
+
+    def _targets(self, shape: DataShape) -> Iterator[_Target]:
+        """Absolute batch counts to train to: ``max_length``, or each searcher operation's length."""
+        if self._settings.max_length is not None:
+            yield _Target(self._to_batches(self._settings.max_length, shape))
+            return
+        units = self._core.searcher.get_configured_units()
+        for op in self._core.searcher.operations():
+            length = unit_from_length(op.length, units.name.lower() if units else None)
+            yield _Target(self._to_batches(length, shape), op)
+
+    # -- boundaries ----------------------------------------------------------------------------
+
+    def _end_workload(self) -> None:
+        state = self._state
+        metrics = self._adapter.training_metrics()
+        self._hooks.call("on_training_workload_end", metrics, [])
+        if self._is_chief:
+            reported = {**metrics, "batches": state.batches_trained, "epochs": state.epochs_trained}
+            self._core.train.report_training_metrics(steps_completed=state.batches_trained, metrics=reported)
+            assert self._progress is not None
+            self._progress.advance_to(state.batches_trained)
+            self._progress.say(summary_line("training", state.batches_trained, state.epochs_trained, metrics))
+
+    def _validate(self) -> None:
+        state = self._state
+        if self._is_chief:
+            self._core.train.set_status("validating")
+        self._hooks.call("on_validation_start")
+        metrics = self._adapter.validate(test_mode=self._settings.test_mode)
+        self._hooks.call("on_validation_end", metrics)
+        state.last_validation = state.batches_trained
+        self._last_validation = metrics
+        take_checkpoint = False
+        if self._is_chief:
+            take_checkpoint = self._policy_wants_checkpoint(metrics)
+            reported = {**metrics, "batches": state.batches_trained, "epochs": state.epochs_trained}
+            self._core.train.report_validation_metrics(steps_completed=state.batches_trained, metrics=reported)
+            assert self._progress is not None
+            self._progress.say(summary_line("validation", state.batches_trained, state.epochs_trained, metrics))
+            self._core.train.set_status("training")
+        if self._dist.get_size() > 1:
+            take_checkpoint = bool(self._dist.broadcast(take_checkpoint))
+        if take_checkpoint:
+            self._checkpoint_if_needed()
+
+    def _policy_wants_checkpoint(self, metrics: dict[str, Any]) -> bool:
+        policy = self._settings.checkpoint_policy
+        if policy != "best":
+            return policy == "all"
+        value = _searcher_value(metrics, self._settings.searcher_metric)
+        best = self._core.train.get_experiment_best_validation()
+        if best is None:
+            return True
+        return value < best if self._settings.smaller_is_better else value > best
+
+    def _checkpoint_if_needed(self) -> None:
+        state = self._state
+        if state.last_checkpoint == state.batches_trained and state.batches_trained > 0:
+            return
+        state.last_checkpoint = state.batches_trained
+        storage_id = None
+        if self._is_chief:
+            self._core.train.set_status("checkpointing")
+            metadata = {"steps_completed": state.batches_trained, "framework": self._adapter.framework,
+                        "format": CHECKPOINT_FORMAT}
+            with self._core.checkpoint.store_path(metadata) as (path, storage_id):
+                (path / TRIAL_STATE_FILE).write_text(json.dumps(state.state_dict(), indent=1))
+                self._adapter.save(path)
+            self._core.train.set_status("training")
+        if self._dist.get_size() > 1:
+            storage_id = self._dist.broadcast(storage_id)
+        self._hooks.call("on_checkpoint_upload_end", storage_id)
+
+    def _complete_operation(self, op: SearcherOperation) -> None:
+        if self._state.last_validation != self._state.batches_trained:
+            self._validate()
+        if self._is_chief:
+            op.report_completed(_searcher_value(self._last_validation, self._settings.searcher_metric))
+        self._state.searcher_ops_completed += 1
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _schedule(self, shape: DataShape) -> Schedule:
+        def rule(unit: TrainUnit | None) -> Any:
+            if unit is None:
+                return None
+            return unit.to_batch_rule(epoch_len=shape.epoch_len, global_batch_size=shape.global_batch_size)
+
+        s = self._settings
+        return Schedule(reporting=rule(s.reporting_period), validation=rule(s.validation_period),
+                        checkpoint=rule(s.checkpoint_period))
+
+    def _to_batches(self, unit: TrainUnit, shape: DataShape) -> int:
+        return unit.to_batches(epoch_len=shape.epoch_len, global_batch_size=shape.global_batch_size)
+
+    def _make_progress(self, shape: DataShape) -> Progress:
+        enabled = progress_enabled(self._settings.show_progress, self._is_chief)
+        total = self._to_batches(self._settings.max_length, shape) if self._settings.max_length else None
+        return Progress(enabled=enabled, summaries=self._is_chief and self._settings.summaries,
+                        total=total, initial=self._state.batches_trained)
+
+
+def _searcher_value(metrics: dict[str, Any], metric: str | None) -> float:
+    if metric is None:
+        raise ValueError("checkpoint_policy='best' and searcher operations need searcher.metric in the config")
+    if metric not in metrics:
+        raise KeyError(
+            f"the searcher metric {metric!r} is not among the validation metrics {sorted(metrics)}; "
+            "return it from evaluate_batch/evaluate_full_dataset or change searcher.metric"
+        )
+    value = metrics[metric]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"the searcher metric {metric!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def _read_trial_state(path: Path, storage_id: str) -> dict[str, Any]:
+    state_file = path / TRIAL_STATE_FILE
+    if not state_file.exists():
+        raise FileNotFoundError(
+            f"checkpoint {storage_id} has no {TRIAL_STATE_FILE}: it was not written by a det-trials "
+            "Trainer; load its weights in your trial's __init__ instead of passing latest_checkpoint"
+        )
+    loaded: dict[str, Any] = json.loads(state_file.read_text())
+    return loaded

@@ -1,0 +1,1 @@
+"""determined_trials.pytorch: see DESIGN.md (filled in by later issues)."""
