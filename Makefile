@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv example test lint clean
+.PHONY: venv example example-core test lint benchmark clean
 
 venv: $(STAMP)
 
@@ -14,15 +14,26 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[pytorch,examples,dev]'
 	touch $(STAMP)
 
-EXAMPLE_RUN_DIR := det-runs/core_api_digits
+EXAMPLE_RUN_DIR := det-runs/digits_pytorch
+CORE_EXAMPLE_RUN_DIR := det-runs/core_api_digits
 
+# The main job: the digits PyTorchTrial trained with Trainer.fit, then its metrics and checkpoints.
 example: venv
 	rm -rf $(EXAMPLE_RUN_DIR)
-	$(BIN)/python examples/core_api_digits/train.py --run-dir $(EXAMPLE_RUN_DIR) --preempt-after-epochs 3
-	$(BIN)/python examples/core_api_digits/train.py --run-dir $(EXAMPLE_RUN_DIR) --resume latest
-	$(BIN)/det-trials --run-dir $(EXAMPLE_RUN_DIR) trial list
-	$(BIN)/det-trials --run-dir $(EXAMPLE_RUN_DIR) trial metrics 2 --group validation
+	$(BIN)/python examples/digits_pytorch/train.py --run-dir $(EXAMPLE_RUN_DIR)
+	$(BIN)/det-trials --run-dir $(EXAMPLE_RUN_DIR) trial metrics 1 --group validation
 	$(BIN)/det-trials --run-dir $(EXAMPLE_RUN_DIR) checkpoint list
+
+# The Core API example: a plain PyTorch script, preempted after 3 epochs and resumed.
+example-core: venv
+	rm -rf $(CORE_EXAMPLE_RUN_DIR)
+	$(BIN)/python examples/core_api_digits/train.py --run-dir $(CORE_EXAMPLE_RUN_DIR) --preempt-after-epochs 3
+	$(BIN)/python examples/core_api_digits/train.py --run-dir $(CORE_EXAMPLE_RUN_DIR) --resume latest
+	$(BIN)/det-trials --run-dir $(CORE_EXAMPLE_RUN_DIR) trial list
+	$(BIN)/det-trials --run-dir $(CORE_EXAMPLE_RUN_DIR) checkpoint list
+
+benchmark: venv
+	$(BIN)/python benchmarks/overhead.py
 
 test: venv
 	$(BIN)/python -m pytest -q

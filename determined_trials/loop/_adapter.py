@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -11,7 +12,8 @@ from determined_trials.loop._state import TrialState
 __all__ = ["DataShape", "TrialAdapter"]
 
 
-class DataShape(Protocol):
+@dataclasses.dataclass(frozen=True)
+class DataShape:
     """What the loop needs to know of the training data to turn units into batches."""
 
     epoch_len: int | None

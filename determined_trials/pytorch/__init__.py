@@ -1,1 +1,33 @@
-"""determined_trials.pytorch: see DESIGN.md (filled in by later issues)."""
+"""``det.pytorch``: PyTorchTrial, its context, data loader, reducers, LR schedulers, callbacks and
+the Trainer, with Determined's public names."""
+
+from determined_trials.loop import Batch, Epoch, Record, TrainUnit
+from determined_trials.pytorch import samplers
+from determined_trials.pytorch._callback import PyTorchCallback
+from determined_trials.pytorch._context import PyTorchTrialContext
+from determined_trials.pytorch._data import DataLoader
+from determined_trials.pytorch._load import load_trial_from_checkpoint_path
+from determined_trials.pytorch._lr_scheduler import LRScheduler
+from determined_trials.pytorch._reducer import MetricReducer, Reducer
+from determined_trials.pytorch._trainer import Trainer, init
+from determined_trials.pytorch._trial import PyTorchTrial
+from determined_trials.pytorch.samplers import data_length
+
+__all__ = [
+    "Batch",
+    "DataLoader",
+    "Epoch",
+    "LRScheduler",
+    "MetricReducer",
+    "PyTorchCallback",
+    "PyTorchTrial",
+    "PyTorchTrialContext",
+    "Record",
+    "Reducer",
+    "TrainUnit",
+    "Trainer",
+    "data_length",
+    "init",
+    "load_trial_from_checkpoint_path",
+    "samplers",
+]

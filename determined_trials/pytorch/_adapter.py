@@ -1,0 +1,240 @@
+"""The PyTorch adapter: the loop's "train n batches", "evaluate", "save" and "load" for a PyTorchTrial.
+
+The per-batch path does no host sync, no pickling, no logging and no collective beyond the
+stop check (a flag on one process, one small broadcast with several): metrics stay on the device
+until ``training_metrics()`` at the boundary, which does one host transfer and one allgather.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from determined_trials.loop import DataShape, HookRunner, TrialState
+from determined_trials.pytorch._checkpoint_io import load_trial_state, save_trial_state
+from determined_trials.pytorch._context import PyTorchTrialContext
+from determined_trials.pytorch._data import DataLoader
+from determined_trials.pytorch._data_raw import is_reproducible_loader, wrap_raw_loader
+from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
+from determined_trials.pytorch._trial import PyTorchTrial, evaluate_takes_batch_idx
+
+__all__ = ["PyTorchAdapter"]
+
+logger = logging.getLogger("determined_trials.pytorch")
+
+
+class PyTorchAdapter:
+    """Runs one PyTorchTrial under the loop."""
+
+    framework = f"torch-{torch.__version__}"
+
+    def __init__(self, trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner) -> None:
+        self._trial = trial
+        self._context = context
+        self._hooks = hooks
+        self._dist = context.distributed
+        self._stream: Any = None
+        self._epoch_len: int | None = None
+        self._current_epoch: int | None = None
+        self._validation_loader: Any = None
+        self._train_metrics = TrainingMetrics()
+        self._uses_evaluate_batch = type(trial).evaluate_batch is not PyTorchTrial.evaluate_batch
+        self._check_wrapped()
+
+    # -- the adapter interface -----------------------------------------------------------------
+
+    def load(self, path: Path) -> None:
+        load_trial_state(path, self._context, self._hooks)
+
+    def start_training(self, state: TrialState) -> DataShape:
+        loader = self._trial.build_training_data_loader()
+        size, rank = self._dist.get_size(), self._dist.get_rank()
+        if isinstance(loader, DataLoader):
+            self._stream = loader.build_training_stream(
+                seed=self._context.get_trial_seed(), rank=rank, num_replicas=size, start_batch=state.batches_trained,
+            )
+            global_batch = (loader.batch_size or 0) * size or None
+        else:
+            self._require_opt_out(loader, "build_training_data_loader")
+            self._stream = wrap_raw_loader(loader, start_batch=state.batches_trained)
+            global_batch = _raw_batch_size(loader, size)
+        self._epoch_len = self._stream.epoch_len
+        self._context.reducers.reset(True)
+        self._train_metrics.reset()
+        return DataShape(self._epoch_len, global_batch)
+
+    def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
+        context, trial, hooks = self._context, self._trial, self._hooks
+        epoch_len = self._epoch_len or 0
+        stream, add_metrics = self._stream, self._train_metrics.add
+        schedulers, reducers = context.lr_schedulers, context.reducers
+        to_device = context.to_device if context.experimental._auto_to_device else None
+        profiler = context._profiler
+        for _ in range(num_batches):
+            batch = next(stream)
+            batch_idx, epoch_idx, in_epoch = state.batches_trained, stream.epoch_idx, stream.batch_in_epoch
+            if in_epoch == 0:
+                self._open_epoch(epoch_idx, state)
+            elif self._current_epoch is None:  # resumed mid-epoch: it was opened before the stop
+                self._current_epoch = epoch_idx
+            context._start_batch(batch_idx, epoch_len or None, epoch_idx=epoch_idx, batch_in_epoch=in_epoch)
+            if to_device is not None:
+                batch = to_device(batch)
+            add_metrics(trial.train_batch(batch, epoch_idx, batch_idx))
+            context._end_batch()
+            reducers.batch_end()
+            epoch_ended = in_epoch + 1 == epoch_len
+            for scheduler in schedulers:
+                scheduler.after_batch(batch_idx, context._optimizer_stepped_this_batch, epoch_ended, epoch_idx)
+            state.batches_trained += 1
+            if epoch_ended:
+                self._close_epoch(state)
+            if profiler is not None:
+                profiler.step()
+            if should_stop():
+                break
+
+    def _open_epoch(self, epoch_idx: int, state: TrialState) -> None:
+        """Start an epoch; a raw loader's shorter-than-len pass is closed here, when the next begins."""
+        if self._current_epoch is not None:
+            self._close_epoch(state)
+        self._current_epoch = epoch_idx
+        self._hooks.call("on_training_epoch_start", epoch_idx)
+
+    def _close_epoch(self, state: TrialState) -> None:
+        epoch_idx, self._current_epoch = self._current_epoch, None
+        self._hooks.call("on_training_epoch_end", epoch_idx)
+        state.epochs_trained += 1
+
+    def stop_requested(self) -> bool:
+        return self._context.get_stop_requested()
+
+    def training_metrics(self) -> dict[str, Any]:
+        reducers = self._context.reducers
+        payload = (self._train_metrics.summary(), reducers.per_slot(True))
+        gathered = self._allgather(payload)
+        metrics = self._train_metrics.combine([g[0] for g in gathered])
+        if reducers.has_reducers(True):
+            metrics.update(reducers.cross_slot(True, [g[1] for g in gathered]))
+        self._train_metrics.reset()
+        reducers.reset(True)
+        return metrics
+
+    def validate(self, *, test_mode: bool = False) -> dict[str, Any]:
+        models = self._context.models
+        for model in models:
+            model.eval()
+        self._context.reducers.reset(False)
+        try:
+            with torch.no_grad():
+                if self._uses_evaluate_batch:
+                    return self._evaluate_batches(test_mode)
+                metrics = self._evaluate_full_dataset()
+                metrics.update(self._context.reducers.reduce(False, self._allgather))
+                return metrics
+        finally:
+            for model in models:
+                model.train()
+            self._context.reducers.reset(True)  # updates made while validating are not training's
+
+    def save(self, path: Path) -> None:
+        save_trial_state(path, self._trial, self._context, self._hooks)
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    # -- validation ----------------------------------------------------------------------------
+
+    def _evaluate_batches(self, test_mode: bool) -> dict[str, Any]:
+        loader = self._validation_data(sharded=True)
+        metrics = ValidationMetrics(self._trial.evaluation_reducer())
+        with_idx = evaluate_takes_batch_idx(self._trial)
+        to_device = self._context.to_device if self._context.experimental._auto_to_device else None
+        reducers = self._context.reducers
+        for batch_idx, batch in enumerate(loader):
+            records = self._trial.get_batch_length(batch)
+            if to_device is not None:
+                batch = to_device(batch)
+            evaluate: Any = self._trial.evaluate_batch
+            output = evaluate(batch, batch_idx) if with_idx else evaluate(batch)
+            metrics.add(output, records)
+            reducers.batch_end()
+            if test_mode:
+                break
+        gathered = self._allgather((metrics.summary(), reducers.per_slot(False)))
+        result = metrics.combine([g[0] for g in gathered])
+        if reducers.has_reducers(False):
+            result.update(reducers.cross_slot(False, [g[1] for g in gathered]))
+        return result
+
+    def _evaluate_full_dataset(self) -> dict[str, Any]:
+        metrics: dict[str, Any] | None = None
+        if self._dist.get_rank() == 0:
+            result = self._trial.evaluate_full_dataset(self._validation_data(sharded=False))
+            if not isinstance(result, dict):
+                raise TypeError(f"evaluate_full_dataset() must return a dict of metrics, got {type(result).__name__}")
+            metrics = {key: _to_python(value) for key, value in result.items()}
+        if self._dist.get_size() > 1:
+            metrics = self._dist.broadcast(metrics)
+        assert metrics is not None
+        return metrics
+
+    def _validation_data(self, *, sharded: bool) -> Any:
+        if self._validation_loader is None:
+            loader: Any = self._trial.build_validation_data_loader()
+            if isinstance(loader, DataLoader):
+                rank, size = (self._dist.get_rank(), self._dist.get_size()) if sharded else (0, 1)
+                seed = self._context.get_trial_seed()
+                loader = loader.build_validation_loader(rank=rank, num_replicas=size, seed=seed)
+            else:
+                self._require_opt_out(loader, "build_validation_data_loader")
+            self._validation_loader = loader
+        return self._validation_loader
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _allgather(self, payload: Any) -> list[Any]:
+        return self._dist.allgather(payload) if self._dist.get_size() > 1 else [payload]
+
+    def _check_wrapped(self) -> None:
+        if not self._context.models:
+            raise RuntimeError(
+                f"{type(self._trial).__name__}.__init__ wrapped no model: call "
+                "self.model = context.wrap_model(model) so the harness can checkpoint and move it"
+            )
+        if not self._context.optimizers:
+            raise RuntimeError(
+                f"{type(self._trial).__name__}.__init__ wrapped no optimizer: call "
+                "self.optimizer = context.wrap_optimizer(optimizer) so the harness can checkpoint it"
+            )
+
+    def _require_opt_out(self, loader: Any, method: str) -> None:
+        if not self._context.experimental._dataset_checks:
+            if not is_reproducible_loader(loader) and self._dist.get_size() > 1:
+                logger.warning("%s returned a raw loader: sharding it across ranks is up to you", method)
+            return
+        raise TypeError(
+            f"{method}() returned a {type(loader).__module__}.{type(loader).__name__}, not a "
+            "det.pytorch.DataLoader, so the harness cannot shuffle, shard and skip it reproducibly. "
+            "Return det.pytorch.DataLoader(...) (same arguments as torch's), or call "
+            "context.experimental.disable_dataset_reproducibility_checks() in your trial's __init__()."
+        )
+
+
+def _raw_batch_size(loader: Any, size: int) -> int | None:
+    batch_size = getattr(loader, "batch_size", None)
+    return batch_size * size if isinstance(batch_size, int) else None
+
+
+def _to_python(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.dim() == 0 else value.tolist()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return value

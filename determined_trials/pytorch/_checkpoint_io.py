@@ -1,0 +1,165 @@
+"""What a PyTorchTrial checkpoint holds and how it is written and read back.
+
+``state_dict.pth`` holds models, optimizers, LR schedulers, scalers, callbacks and every RNG, all
+as tensors and plain values so it loads with ``torch.load(weights_only=True)``; ``load_data.json``
+names the trial class, hyperparameters and config so ``load_trial_from_checkpoint_path`` can
+rebuild the trial.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from determined_trials.loop import HookRunner
+
+if TYPE_CHECKING:
+    from determined_trials.pytorch._context import PyTorchTrialContext
+    from determined_trials.pytorch._trial import PyTorchTrial
+
+__all__ = ["STATE_FILE", "LOAD_DATA_FILE", "save_trial_state", "load_trial_state", "capture_rng", "restore_rng"]
+
+STATE_FILE = "state_dict.pth"
+LOAD_DATA_FILE = "load_data.json"
+
+
+def capture_rng() -> dict[str, Any]:
+    """Python, numpy, torch CPU and CUDA RNG states as tensors and plain values."""
+    version, words, gauss = random.getstate()
+    np_state = np.random.get_state(legacy=False)
+    state: dict[str, Any] = {
+        "random_rng_state": {"version": version, "words": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
+        "np_rng_state": {
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "cpu_rng_state": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["gpu_rng_states"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put back what ``capture_rng`` returned."""
+    py = state["random_rng_state"]
+    random.setstate((int(py["version"]), tuple(int(w) for w in py["words"].tolist()), py["gauss"]))
+    npy = state["np_rng_state"]
+    np.random.set_state({
+        "bit_generator": "MT19937",
+        "state": {"key": npy["key"].numpy().astype(np.uint32), "pos": int(npy["pos"])},
+        "has_gauss": int(npy["has_gauss"]),
+        "gauss": float(npy["gauss"]),
+    })
+    torch.set_rng_state(state["cpu_rng_state"])
+    if "gpu_rng_states" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["gpu_rng_states"])
+
+
+def _inner(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def build_state_dict(context: PyTorchTrialContext, hooks: HookRunner) -> dict[str, Any]:
+    """Everything resumable of a trial, as one dict."""
+    return {
+        "models_state_dict": [_inner(m).state_dict() for m in context.models],
+        "optimizers_state_dict": [o.state_dict() for o in context.optimizers],
+        "lr_schedulers_state_dict": [s.state_dict() for s in context.lr_schedulers],
+        "scalers_state_dict": [s.state_dict() for s in context.scalers],
+        "callbacks": hooks.state_dict(),
+        "rng_state": capture_rng(),
+        "pending_gradients": _pending_gradients(context),
+    }
+
+
+def _pending_gradients(context: PyTorchTrialContext) -> list[list[torch.Tensor | None]]:
+    """Gradients accumulated since the last optimizer step (aggregation_frequency > 1), per model.
+
+    A stop between two optimizer steps must not lose them, or the resumed run would differ.
+    """
+    if context._aggregation_frequency == 1:
+        return []
+    return [[None if p.grad is None else p.grad.detach().clone() for p in _inner(m).parameters()]
+            for m in context.models]
+
+
+def _restore_pending_gradients(saved: list[list[torch.Tensor | None]], models: list[torch.nn.Module]) -> None:
+    for model, grads in zip(models, saved):
+        for param, grad in zip(_inner(model).parameters(), grads):
+            param.grad = None if grad is None else grad.to(param.device)
+
+
+def save_trial_state(path: Path, trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner) -> None:
+    """Write ``state_dict.pth`` and ``load_data.json`` into ``path`` (chief only)."""
+    checkpoint = build_state_dict(context, hooks)
+    hooks.call("on_checkpoint_save_start", checkpoint)
+    torch.save(checkpoint, path / STATE_FILE)
+    load_data = {
+        "trial_type": "PyTorchTrial",
+        "trial_cls_spec": f"{type(trial).__module__}:{type(trial).__qualname__}",
+        "hparams": context.get_hparams(),
+        "experiment_config": context.get_experiment_config(),
+    }
+    (path / LOAD_DATA_FILE).write_text(json.dumps(load_data, indent=1))
+    hooks.call("on_checkpoint_write_end", str(path))
+
+
+def read_state_file(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Load ``state_dict.pth`` safely (weights_only) with a clear error when it is missing."""
+    state_file = path / STATE_FILE
+    if not state_file.exists():
+        raise FileNotFoundError(f"{path} has no {STATE_FILE}: it is not a PyTorchTrial checkpoint")
+    loaded: dict[str, Any] = torch.load(state_file, map_location=device, weights_only=True)
+    return loaded
+
+
+def load_trial_state(path: Path, context: PyTorchTrialContext, hooks: HookRunner) -> None:
+    """Restore models, optimizers, schedulers, scalers, callbacks and RNGs from ``path``."""
+    checkpoint = read_state_file(path, context.device)
+    hooks.call("on_checkpoint_load_start", checkpoint)
+    load_models(checkpoint, context.models, path)
+    _load_list("optimizer", checkpoint["optimizers_state_dict"], context.optimizers, path)
+    _load_list("LR scheduler", checkpoint["lr_schedulers_state_dict"], context.lr_schedulers, path)
+    _load_list("scaler", checkpoint.get("scalers_state_dict", []), context.scalers, path)
+    hooks.load_state_dict(checkpoint.get("callbacks", {}))
+    _restore_pending_gradients(checkpoint.get("pending_gradients", []), context.models)
+    restore_rng(checkpoint["rng_state"])
+
+
+def load_models(checkpoint: dict[str, Any], models: list[torch.nn.Module], path: Path) -> None:
+    """Load every wrapped model's weights; a mismatch says which model and why."""
+    saved = checkpoint["models_state_dict"]
+    _check_count("model", saved, models, path)
+    for index, (model, state) in enumerate(zip(models, saved)):
+        try:
+            _inner(model).load_state_dict(state)
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"checkpoint {path} does not fit model {index} ({type(_inner(model)).__name__}): {err}\n"
+                "Resume into the same model architecture (and hyperparameters) that wrote the checkpoint."
+            ) from None
+
+
+def _load_list(kind: str, saved: list[Any], objects: list[Any], path: Path) -> None:
+    _check_count(kind, saved, objects, path)
+    for obj, state in zip(objects, saved):
+        try:
+            obj.load_state_dict(state)
+        except (ValueError, KeyError, RuntimeError) as err:
+            raise RuntimeError(f"checkpoint {path}: cannot restore a {kind}: {err}") from None
+
+
+def _check_count(kind: str, saved: list[Any], objects: list[Any], path: Path) -> None:
+    if len(saved) != len(objects):
+        raise RuntimeError(
+            f"checkpoint {path} holds {len(saved)} {kind} state(s) but the trial wrapped {len(objects)}; "
+            f"wrap the same {kind}s, in the same order, as the trial that wrote it"
+        )

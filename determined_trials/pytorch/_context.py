@@ -1,0 +1,388 @@
+"""`PyTorchTrialContext`: what a PyTorchTrial uses to wrap its models, optimizers, LR schedulers,
+scalers and reducers, to step with gradient aggregation and AMP, and to reach TensorBoard."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from determined_trials._trial_context import TrialContext
+from determined_trials.config import ExperimentConfig, load_config
+from determined_trials.errors import ConfigError
+from determined_trials.pytorch import _amp, _ddp, _stepping
+from determined_trials.pytorch._device import default_device, to_device
+from determined_trials.pytorch._experimental import PyTorchExperimentalContext
+from determined_trials.pytorch._lr_scheduler import LRScheduler
+from determined_trials.pytorch._position import TrainPosition
+from determined_trials.pytorch._reducer import MetricReducer, ReducerRegistry
+from determined_trials.pytorch._tensorboard import make_profiler, make_summary_writer
+
+if TYPE_CHECKING:
+    from determined_trials.core import Context
+
+__all__ = ["PyTorchTrialContext"]
+
+logger = logging.getLogger("determined_trials.pytorch")
+
+_M = TypeVar("_M", bound=torch.nn.Module)
+_O = TypeVar("_O", bound=torch.optim.Optimizer)
+
+
+class PyTorchTrialContext(TrialContext, TrainPosition):
+    """The context a `PyTorchTrial` receives: wrap what you train, step, and log.
+
+    Built by `det.pytorch.init()` / the trainer. Without `core_context` (e.g. `from_config`, for
+    debugging) the job has one process and TensorBoard files go to a temporary folder.
+    """
+
+    def __init__(
+        self,
+        *,
+        core_context: Context | None = None,
+        config: ExperimentConfig | Mapping[str, Any] | None = None,
+        hparams: Mapping[str, Any] | None = None,
+        trial_seed: int | None = None,
+        trial_id: int | None = None,
+        experiment_id: int | None = None,
+        aggregation_frequency: int = 1,
+        enable_tensorboard_logging: bool = True,
+        device: torch.device | str | None = None,
+    ) -> None:
+        trial = core_context.info.trial if core_context is not None else None
+        parsed = _resolve_config(config, None if trial is None else trial.config)
+        super().__init__(
+            config=parsed,
+            hparams=hparams if hparams is not None else (trial.hparams if trial else {}),
+            trial_seed=_pick(trial_seed, trial and trial.trial_seed, 0),
+            trial_id=_pick(trial_id, trial and trial.trial_id, 0),
+            experiment_id=_pick(experiment_id, trial and trial.experiment_id, 0),
+            distributed=core_context.distributed if core_context is not None else None,
+        )
+        TrainPosition.__init__(self)
+        self._core = core_context
+        self._aggregation_frequency = _resolve_aggregation(aggregation_frequency, parsed)
+        self._average_grads: dict[int, bool] = {}
+        dist = self.distributed
+        self._device = torch.device(device) if device is not None else default_device(
+            dist.get_local_rank(), dist.get_size()
+        )
+        self.models: list[torch.nn.Module] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_schedulers: list[LRScheduler] = []
+        self.scalers: list[Any] = []
+        self.reducers = ReducerRegistry()
+        self.experimental = PyTorchExperimentalContext(self)
+        self.set_enable_tensorboard_logging(enable_tensorboard_logging)
+        self._stop_requested = False
+        self._initial_batch = 0 if trial is None else trial.steps_completed
+        self._amp_dtype: torch.dtype | None = None
+        self._auto_scaler: Any = None
+        self._auto_scaler_stepped = False
+        self._optimizer_stepped_this_batch = False
+        self._moved_warned: set[type] = set()
+        self._tb_writer: Any = None
+        self._tb_fallback: Path | None = None
+        self._profiler: torch.profiler.profile | None = None
+
+    # -- wrapping -------------------------------------------------------------------------------
+
+    def wrap_model(self, model: _M) -> _M:
+        """Move `model` to `device`, register it for checkpointing and return the model to call.
+
+        With several processes (torch.distributed initialised) the result is a DDP wrapper whose
+        unknown attributes come from `model`.
+        """
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"wrap_model takes a torch.nn.Module, got {type(model).__qualname__}")
+        if any(model is m or model is _ddp.unwrap(m) for m in self.models):
+            raise ValueError("this model is already wrapped; call wrap_model once per model")
+        model = model.to(self._device)
+        if self._amp_dtype is not None:
+            _amp.install_autocast_forward(model, self._device, self._amp_dtype)
+        wrapped: torch.nn.Module = model
+        trainable = any(p.requires_grad for p in model.parameters())
+        if self.distributed.get_size() > 1 and trainable:
+            if not _ddp.torch_distributed_ready():
+                raise RuntimeError(
+                    f"the job has {self.distributed.get_size()} processes but torch.distributed is not "
+                    "initialised, so gradients would not be synchronised. Fix: launch with "
+                    "`python -m determined_trials.launch.torch_distributed`, or call "
+                    "torch.distributed.init_process_group() before det.pytorch.init()"
+                )
+            wrapped = _ddp.wrap_ddp(model, self._device)
+        self.models.append(wrapped)
+        return wrapped  # type: ignore[return-value]  # a DDPModel that forwards to the model
+
+    def wrap_optimizer(
+        self,
+        optimizer: _O,
+        backward_passes_per_step: int = 1,
+        fp16_compression: bool | None = None,
+        average_aggregated_gradients: bool | None = None,
+    ) -> _O:
+        """Register `optimizer` (built on wrapped models' parameters) and return it.
+
+        `backward_passes_per_step` and `fp16_compression` are Horovod settings, accepted for
+        ported code; DDP synchronises every backward outside `no_sync`. `average_aggregated_
+        gradients` overrides `optimizations.average_aggregated_gradients` for this optimizer.
+        """
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"wrap_optimizer takes a torch.optim.Optimizer, got {type(optimizer).__qualname__}")
+        if any(optimizer is o for o in self.optimizers):
+            raise ValueError("this optimizer is already wrapped; call wrap_optimizer once per optimizer")
+        if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+                or backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
+        if fp16_compression:
+            logger.warning("wrap_optimizer(fp16_compression=True) is a Horovod setting; ignored with DDP")
+        _stepping.check_params_wrapped(optimizer, self.models)
+        average = self.config.optimizations.average_aggregated_gradients
+        if average_aggregated_gradients is not None:
+            average = bool(average_aggregated_gradients)
+        self._average_grads[id(optimizer)] = average
+        self.optimizers.append(optimizer)
+        return optimizer
+
+    def wrap_lr_scheduler(self, scheduler: Any, step_mode: Any, frequency: int = 1) -> Any:
+        """Register an LR scheduler of a wrapped optimizer; returns `scheduler` itself.
+
+        `step_mode` is an `LRScheduler.StepMode`; the trainer steps it (unless MANUAL_STEP) and
+        checkpoints it.
+        """
+        wrapper = LRScheduler(scheduler, step_mode, frequency)  # checks the mode and the scheduler
+        optimizer = getattr(scheduler, "optimizer", None)
+        if optimizer is None or not any(optimizer is o for o in self.optimizers):
+            raise ValueError(
+                "wrap_lr_scheduler: the scheduler's optimizer was not wrapped. Fix: "
+                "optimizer = context.wrap_optimizer(optimizer) first, then build the scheduler on it"
+            )
+        self.lr_schedulers.append(wrapper)
+        return scheduler
+
+    def wrap_scaler(self, scaler: Any) -> Any:
+        """Register a `torch.amp.GradScaler` for checkpointing; pass it to `step_optimizer(scaler=)`
+        and call `scaler.update()` after stepping. Returns `scaler`."""
+        missing = [name for name in ("scale", "unscale_", "step", "update", "state_dict") if not hasattr(scaler, name)]
+        if missing:
+            raise TypeError(f"wrap_scaler takes a torch.amp.GradScaler; {type(scaler).__qualname__} lacks {missing}")
+        if self._auto_scaler is not None:
+            raise ValueError("experimental.use_amp() already manages a GradScaler; do not wrap another")
+        if any(scaler is s for s in self.scalers):
+            raise ValueError("this scaler is already wrapped; call wrap_scaler once")
+        self.scalers.append(scaler)
+        return scaler
+
+    def wrap_reducer(
+        self,
+        reducer: MetricReducer | Callable[[list[Any]], Any],
+        name: str | None = None,
+        for_training: bool = True,
+        for_validation: bool = True,
+    ) -> MetricReducer:
+        """Register a `MetricReducer` (or a function of the list of all updates); returns the
+        object to `update()`. See `ReducerRegistry.wrap`."""
+        return self.reducers.wrap(reducer, name=name, for_training=for_training, for_validation=for_validation)
+
+    # -- stepping -------------------------------------------------------------------------------
+
+    def backward(
+        self,
+        loss: torch.Tensor,
+        gradient: torch.Tensor | None = None,
+        retain_graph: bool = False,
+        create_graph: bool = False,
+    ) -> None:
+        """`loss.backward(...)`, scaled under automatic AMP.
+
+        On batches that only accumulate gradients (aggregation_frequency > 1) DDP does not
+        all-reduce: `_start_batch` turns DDP's gradient sync off for the whole batch, as
+        `no_sync()` would, since DDP decides in the forward pass.
+        """
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"backward takes the loss tensor, got {type(loss).__qualname__}")
+        if self._auto_scaler is not None:
+            loss = self._auto_scaler.scale(loss)
+        loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)
+
+    def step_optimizer(
+        self,
+        optimizer: torch.optim.Optimizer,
+        clip_grads: Callable[[list[torch.Tensor]], Any] | None = None,
+        auto_zero_grads: bool = True,
+        scaler: Any = None,
+    ) -> None:
+        """Step `optimizer` on every `aggregation_frequency`-th batch (gradients accumulate in
+        between and are averaged if so configured); `clip_grads(params)` runs first, on
+        unscaled gradients; with `scaler` (or automatic AMP) the step goes through the scaler."""
+        if not any(optimizer is o for o in self.optimizers):
+            raise ValueError("step_optimizer: this optimizer was not wrapped; use context.wrap_optimizer(optimizer)")
+        if self._aggregation_frequency > 1 and not auto_zero_grads:
+            raise ValueError(
+                f"auto_zero_grads=False cannot be combined with aggregation_frequency="
+                f"{self._aggregation_frequency}: the harness zeroes gradients after each aggregated step. "
+                "Fix: leave auto_zero_grads=True (do not call zero_grad yourself)"
+            )
+        if clip_grads is not None and not callable(clip_grads):
+            raise TypeError(f"clip_grads must be a function of the parameters, got {clip_grads!r}")
+        if scaler is not None and not any(scaler is s for s in self.scalers):
+            raise ValueError("step_optimizer: this scaler was not wrapped; use context.wrap_scaler(scaler)")
+        if not self._is_update_batch():
+            return
+        use_scaler = scaler if scaler is not None else self._auto_scaler
+        _stepping.step_optimizer(
+            optimizer, aggregation=self._aggregation_frequency, average=self._average_grads[id(optimizer)],
+            clip_grads=clip_grads, scaler=use_scaler, auto_zero_grads=auto_zero_grads,
+        )
+        self._optimizer_stepped_this_batch = True
+        if use_scaler is not None and use_scaler is self._auto_scaler:
+            self._auto_scaler_stepped = True
+
+    def _is_update_batch(self) -> bool:
+        """Whether optimizers step on the current batch: (batch_idx + 1) % aggregation_frequency == 0."""
+        if self._aggregation_frequency == 1:
+            return True
+        return (self._require_batch_idx("step_optimizer/backward with aggregation") + 1) \
+            % self._aggregation_frequency == 0
+
+    def _start_batch(self, batch_idx: int, epoch_len: int | None, **epoch: int) -> None:
+        """Trainer hook, before each training batch: set the position and clear per-batch flags."""
+        self._set_position(batch_idx, epoch_len, **epoch)
+        self._optimizer_stepped_this_batch = False
+        if self._aggregation_frequency > 1:
+            _ddp.set_grad_sync(self.models, self._is_update_batch())
+
+    def _end_batch(self) -> None:
+        """Trainer hook, after each training batch: update the automatic AMP scaler if it stepped."""
+        if self._auto_scaler_stepped:
+            self._auto_scaler.update()
+            self._auto_scaler_stepped = False
+
+    # -- devices and AMP ------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        """Where wrapped models and `to_device` data go."""
+        return self._device
+
+    def to_device(self, data: Any) -> Any:
+        """`data` moved to `device` (tensors, numeric numpy arrays, objects with `.to`, nested in
+        dicts, lists, tuples and namedtuples); anything else is returned as is, with one warning
+        per type."""
+        return to_device(data, self._device, self._moved_warned)
+
+    def autocast(self, dtype: torch.dtype | None = None, enabled: bool = True) -> torch.autocast:
+        """`torch.autocast` on this device: bfloat16 on CPU, float16 on GPUs unless `dtype`."""
+        return _amp.make_autocast(self._device, dtype, enabled)
+
+    def _use_amp(self, dtype: torch.dtype | None) -> None:
+        chosen = _amp.default_autocast_dtype(self._device) if dtype is None else dtype
+        _amp.make_autocast(self._device, chosen, True)  # validates the dtype
+        if self._amp_dtype is not None:
+            if chosen != self._amp_dtype:
+                raise ValueError(f"use_amp() was already called with {self._amp_dtype}; call it once")
+            return
+        if _amp.needs_scaler(chosen):
+            if self.scalers:
+                raise ValueError(
+                    "use_amp() creates and manages its own GradScaler but one was wrapped with wrap_scaler; "
+                    "use one or the other"
+                )
+            self._auto_scaler = torch.amp.GradScaler(self._device.type)
+            self.scalers.append(self._auto_scaler)
+        self._amp_dtype = chosen
+        for model in self.models:
+            _amp.install_autocast_forward(_ddp.unwrap(model), self._device, chosen)
+
+    # -- trainer state, TensorBoard, profiler ---------------------------------------------------
+
+    def _inner_models(self) -> list[torch.nn.Module]:
+        """The user's modules (DDP wrappers removed), e.g. for state dicts without `module.`."""
+        return [_ddp.unwrap(model) for model in self.models]
+
+    def set_stop_requested(self, stop_requested: bool) -> None:
+        """Ask the trainer to stop (with a checkpoint) at the end of the current batch."""
+        if not isinstance(stop_requested, bool):
+            raise TypeError(f"set_stop_requested takes True or False, got {stop_requested!r}")
+        self._stop_requested = stop_requested
+
+    def get_stop_requested(self) -> bool:
+        """Whether a stop was requested with `set_stop_requested(True)`."""
+        return self._stop_requested
+
+    def get_initial_batch(self) -> int:
+        """The number of batches trained before this run started (non-zero when resuming)."""
+        return self._initial_batch
+
+    def get_enable_tensorboard_logging(self) -> bool:
+        """Whether the trainer writes reported metrics to TensorBoard."""
+        return self._enable_tensorboard_logging
+
+    def set_enable_tensorboard_logging(self, enable_tensorboard_logging: bool) -> None:
+        """Turn the trainer's TensorBoard metric logging on or off."""
+        if not isinstance(enable_tensorboard_logging, bool):
+            raise TypeError(f"enable_tensorboard_logging must be True or False, got {enable_tensorboard_logging!r}")
+        self._enable_tensorboard_logging = enable_tensorboard_logging
+
+    def get_tensorboard_path(self) -> Path:
+        """The folder for this process's TensorBoard files."""
+        if self._core is not None:
+            return Path(self._core.train.get_tensorboard_path())
+        if self._tb_fallback is None:
+            self._tb_fallback = Path(tempfile.mkdtemp(prefix="det-trials-tensorboard-"))
+            logger.info("no Core API context: TensorBoard files go to %s", self._tb_fallback)
+        return self._tb_fallback
+
+    def get_tensorboard_writer(self) -> Any:
+        """A `torch.utils.tensorboard.SummaryWriter` in the trial's TensorBoard folder (created on
+        first use; closed by the trainer at the end)."""
+        if self._tb_writer is None:
+            self._tb_writer = make_summary_writer(self.get_tensorboard_path())
+        return self._tb_writer
+
+    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
+        """Profile training with `torch.profiler.profile(*args, **kwargs)`; traces go to the
+        TensorBoard folder. The trainer enters it before training and steps it every batch."""
+        profiler = make_profiler(self.get_tensorboard_path(), args, kwargs)
+        if self._profiler is not None:
+            warnings.warn("set_profiler() called again: the new profiler replaces the first", stacklevel=2)
+        self._profiler = profiler
+
+    def _close(self) -> None:
+        """Trainer hook at shutdown: flush and close the SummaryWriter."""
+        if self._tb_writer is not None:
+            self._tb_writer.close()
+            self._tb_writer = None
+
+
+def _pick(given: int | None, from_trial: int | None | Any, default: int) -> int:
+    if given is not None:
+        return given
+    return from_trial if isinstance(from_trial, int) and not isinstance(from_trial, bool) else default
+
+
+def _resolve_config(config: Any, trial_config: Mapping[str, Any] | None) -> ExperimentConfig:
+    if isinstance(config, ExperimentConfig):
+        return config
+    if config is not None:
+        return load_config(dict(config))
+    if trial_config is not None:
+        return load_config(dict(trial_config))
+    raise TypeError("PyTorchTrialContext needs `config` (an ExperimentConfig or dict) or a `core_context`")
+
+
+def _resolve_aggregation(argument: int, config: ExperimentConfig) -> int:
+    if isinstance(argument, bool) or not isinstance(argument, int) or argument < 1:
+        raise ValueError(f"aggregation_frequency must be an int >= 1, got {argument!r}")
+    configured = config.optimizations.aggregation_frequency
+    if argument != 1 and configured != 1 and argument != configured:
+        raise ConfigError(
+            f"aggregation_frequency={argument} was passed but the config sets "
+            f"optimizations.aggregation_frequency: {configured}; set it in one place"
+        )
+    return argument if argument != 1 else configured

@@ -1,0 +1,44 @@
+"""`context.experimental`: opt-in switches (automatic AMP, raw data loaders, no auto to_device)
+whose flags the trainer reads."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from determined_trials.pytorch._context import PyTorchTrialContext
+
+__all__ = ["PyTorchExperimentalContext"]
+
+
+class PyTorchExperimentalContext:
+    """Experimental features of a `PyTorchTrialContext` (`context.experimental`)."""
+
+    def __init__(self, context: PyTorchTrialContext) -> None:
+        self._context = context
+        self._auto_to_device = True
+        self._dataset_checks = True
+
+    def use_amp(self, dtype: torch.dtype | None = None) -> None:
+        """Automatic mixed precision for every wrapped model, from now on.
+
+        Forwards run under autocast (bfloat16 on CPU, float16 on GPUs, or `dtype`) with
+        float32 outputs; with float16 a GradScaler is created (and checkpointed): `backward`
+        scales the loss, `step_optimizer` unscales before clipping and steps through it, and
+        the scaler is updated once after every batch that stepped. Call it in `__init__`.
+        """
+        self._context._use_amp(dtype)
+
+    def disable_dataset_reproducibility_checks(self) -> None:
+        """Accept data loaders that are not `det.pytorch.DataLoader` (e.g. torch's own).
+
+        You then own their order and resume position; a finite loader that runs out ends the
+        epoch.
+        """
+        self._dataset_checks = False
+
+    def disable_auto_to_device(self) -> None:
+        """Hand batches to `train_batch`/`evaluate_batch` as loaded (call `to_device` yourself)."""
+        self._auto_to_device = False

@@ -1,0 +1,132 @@
+"""``det.pytorch.init()`` and ``Trainer(trial, context).fit(...)``: run a PyTorchTrial under the loop."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from determined_trials import core
+from determined_trials._info import get_cluster_info
+from determined_trials.config import ExperimentConfig, load_config
+from determined_trials.loop import Batch, Controller, ExitReason, HookRunner, LoopSettings, TrainUnit
+from determined_trials.pytorch._adapter import PyTorchAdapter
+from determined_trials.pytorch._context import PyTorchTrialContext
+from determined_trials.pytorch._trial import PyTorchTrial, check_trial_class
+
+__all__ = ["init", "Trainer", "seed_everything"]
+
+_DEFAULT_REPORTING_PERIOD = Batch(100)
+_DEFAULT_SEARCHER = {"name": "single", "metric": "validation_loss", "max_length": {"batches": 100}}
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global RNGs (all devices) from the trial seed."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _experiment_config(exp_conf: Any, hparams: Mapping[str, Any] | None) -> ExperimentConfig | None:
+    """The config to run with: ``exp_conf``, else one holding ``hparams`` as constants, else the launcher's."""
+    if exp_conf is not None:
+        return load_config(exp_conf)
+    if hparams is not None:
+        return load_config({"hyperparameters": dict(hparams), "searcher": _DEFAULT_SEARCHER})
+    return None
+
+
+def _distributed_from_environment() -> core.DistributedContext | None:
+    """Under torchrun (WORLD_SIZE > 1): start torch.distributed (gloo on CPU, nccl on CUDA)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return core.DistributedContext.from_torch_distributed()
+
+
+@contextlib.contextmanager
+def init(
+    *,
+    hparams: Mapping[str, Any] | None = None,
+    exp_conf: Any = None,
+    distributed: core.DistributedContext | None = None,
+    aggregation_frequency: int = 1,
+    enable_tensorboard_logging: bool = True,
+    run_dir: str | os.PathLike[str] | None = None,
+) -> Iterator[PyTorchTrialContext]:
+    """A ``PyTorchTrialContext`` for a ``Trainer``: use as ``with det.pytorch.init() as context:``.
+
+    Under a launcher the config, hparams and trial come from it; in a plain script from
+    ``exp_conf`` (a path, YAML dict or parsed config) and/or ``hparams``. RNGs are seeded from the
+    trial seed (``reproducibility.experiment_seed`` locally). ``run_dir`` is a local addition.
+    """
+    config = _experiment_config(exp_conf, hparams)
+    dist = distributed or _distributed_from_environment()
+    with core.init(distributed=dist, config=config, run_dir=run_dir) as core_context:
+        trial = core_context.info.trial
+        seed_everything(trial.trial_seed)
+        context = PyTorchTrialContext(
+            core_context=core_context, config=config, hparams=hparams,
+            aggregation_frequency=aggregation_frequency, enable_tensorboard_logging=enable_tensorboard_logging,
+        )
+        try:
+            yield context
+        finally:
+            context._close()
+
+
+class Trainer:
+    """Trains a PyTorchTrial: ``Trainer(trial, context).fit(max_length=Epoch(5), ...)``."""
+
+    def __init__(self, trial: PyTorchTrial, context: PyTorchTrialContext) -> None:
+        check_trial_class(type(trial))
+        if not isinstance(context, PyTorchTrialContext) or context._core is None:
+            raise TypeError("Trainer needs the context from `with det.pytorch.init() as context:`")
+        self._trial = trial
+        self._context = context
+        self.exit_reason: ExitReason | None = None
+
+    def fit(
+        self,
+        checkpoint_period: TrainUnit | None = None,
+        validation_period: TrainUnit | None = None,
+        max_length: TrainUnit | None = None,
+        reporting_period: TrainUnit | None = _DEFAULT_REPORTING_PERIOD,
+        checkpoint_policy: str = "best",
+        latest_checkpoint: str | None = None,
+        step_zero_validation: bool = False,
+        test_mode: bool = False,
+        profiling_enabled: bool = False,
+        *,
+        show_progress: bool | None = None,
+    ) -> None:
+        """Train until ``max_length`` (or, when it is None, each searcher operation of the config),
+        validating and checkpointing at the given periods, and resuming from ``latest_checkpoint``.
+
+        A preemption (SIGTERM/SIGUSR1) or ``context.set_stop_requested(True)`` ends training after
+        the current batch, with a checkpoint; ``self.exit_reason`` says which.
+        """
+        core_context = self._context._core
+        assert core_context is not None
+        searcher = self._context.config.searcher
+        settings = LoopSettings(
+            max_length=max_length, validation_period=validation_period, checkpoint_period=checkpoint_period,
+            reporting_period=reporting_period, checkpoint_policy=checkpoint_policy,
+            step_zero_validation=step_zero_validation, test_mode=test_mode, profiling_enabled=profiling_enabled,
+            show_progress=show_progress, searcher_metric=searcher.metric, smaller_is_better=searcher.smaller_is_better,
+        )
+        if latest_checkpoint is None and get_cluster_info() is not None:
+            latest_checkpoint = core_context.info.latest_checkpoint
+        hooks = HookRunner(self._trial.build_callbacks())
+        adapter = PyTorchAdapter(self._trial, self._context, hooks)
+        controller = Controller(core=core_context, adapter=adapter, hooks=hooks, settings=settings)
+        self.exit_reason = controller.run(latest_checkpoint)
+
