@@ -136,6 +136,8 @@ class Controller:
         self._progress = self._make_progress(shape)
         if self._settings.step_zero_validation and self._state.batches_trained == 0:
             self._validate()
+        if self._validation_owed(schedule):
+            self._validate()  # the run stopped at a validation boundary before validating: do it now
         for target in self._targets(shape):
             self._progress.set_total(target.batches)
             while self._state.batches_trained < target.batches:
@@ -167,6 +169,12 @@ class Controller:
         if Boundary.CHECKPOINT in fired:
             self._checkpoint_if_needed()
         return self._settings.test_mode
+
+    def _validation_owed(self, schedule: Schedule) -> bool:
+        """After a resume: whether the schedule validates at the current batch and it was not done."""
+        state, rule = self._state, schedule.validation
+        trained = state.batches_trained
+        return trained > 0 and rule is not None and rule.fires(trained) and state.last_validation != trained
 
     def _should_stop(self) -> bool:
         preempt, stop = self._core.preempt.check(stop_requested=self._adapter.stop_requested())

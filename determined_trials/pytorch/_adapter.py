@@ -68,7 +68,7 @@ class PyTorchAdapter:
         return DataShape(self._epoch_len, global_batch)
 
     def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
-        context, trial, hooks = self._context, self._trial, self._hooks
+        context, trial = self._context, self._trial
         epoch_len = self._epoch_len or 0
         stream, add_metrics = self._stream, self._train_metrics.add
         schedulers, reducers = context.lr_schedulers, context.reducers
