@@ -128,16 +128,22 @@ class TrialContext:
         return self._batch_sizes()[0]
 
     def get_per_slot_batch_size(self) -> int:
-        """`global_batch_size` / `resources.slots_per_trial`: the batch size each process loads."""
+        """`global_batch_size` / the number of slots (processes): the batch size each process loads."""
         return self._batch_sizes()[1]
 
+    def _slot_count(self) -> int:
+        """The processes training together: the running job's size, else resources.slots_per_trial."""
+        if self._distributed is not None and self._distributed.get_size() > 1:
+            return int(self._distributed.get_size())
+        return int(self._config.resources.slots_per_trial)
+
     def _batch_sizes(self) -> tuple[int, int]:
-        slots = self._config.resources.slots_per_trial
+        slots = self._slot_count()
         if "global_batch_size" not in self._hparams:
             raise ConfigError(
                 "hyperparameter 'global_batch_size' is not set, so the batch sizes are unknown. Fix: "
                 "add it under `hyperparameters:`, e.g. `global_batch_size: 64` (it is split across "
-                f"resources.slots_per_trial = {slots} slot(s))."
+                f"the {slots} slot(s) of this trial)."
             )
         total = self._hparams["global_batch_size"]
         if isinstance(total, bool) or not isinstance(total, int) or total < 1:
@@ -147,13 +153,14 @@ class TrialContext:
             )
         if total < slots:
             raise ConfigError(
-                f"global_batch_size ({total}) is smaller than resources.slots_per_trial ({slots}), so "
-                f"some slots would get no records. Fix: use global_batch_size >= {slots} or fewer slots."
+                f"global_batch_size ({total}) is smaller than the number of slots ({slots}), so some "
+                "slots would get no records (an effective per-slot batch size of 0). "
+                f"Fix: use global_batch_size >= {slots} or fewer slots."
             )
         per_slot, rest = divmod(total, slots)
         if rest:
             raise ConfigError(
-                f"global_batch_size ({total}) is not divisible by resources.slots_per_trial ({slots}): "
+                f"global_batch_size ({total}) is not divisible by the number of slots ({slots}): "
                 f"each slot would get {per_slot} records and the effective global batch size would be "
                 f"{per_slot * slots}. Fix: use global_batch_size {per_slot * slots} or "
                 f"{(per_slot + 1) * slots}."

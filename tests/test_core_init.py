@@ -219,3 +219,16 @@ def test_run_dir_default_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert resolve_run_dir() == tmp_path / "det-runs"
     monkeypatch.setenv("DET_RUN_DIR", str(tmp_path / "elsewhere"))
     assert resolve_run_dir() == tmp_path / "elsewhere"
+
+
+def test_a_preempted_script_leaves_the_launcher_marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    launch_dir = tmp_path / "launch"
+    launch_dir.mkdir()
+    monkeypatch.setenv("DET_LAUNCH_DIR", str(launch_dir))
+    with det.core.init(config=CONFIG, run_dir=tmp_path / "run") as ctx:
+        assert not ctx.preempt.should_preempt()
+    assert not (launch_dir / "preempted").exists()
+    with det.core.init(config=CONFIG, run_dir=tmp_path / "run") as ctx:
+        ctx.preempt.request_preemption()
+        assert ctx.preempt.should_preempt()
+    assert (launch_dir / "preempted").exists()

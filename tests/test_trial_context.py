@@ -129,7 +129,7 @@ def test_batch_size_missing() -> None:
 
 
 def test_batch_size_smaller_than_slots() -> None:
-    with pytest.raises(ConfigError, match=r"\(2\) is smaller than resources.slots_per_trial \(4\)"):
+    with pytest.raises(ConfigError, match=r"\(2\) is smaller than the number of slots \(4\)"):
         _context({"global_batch_size": 2}, slots=4).get_global_batch_size()
 
 
@@ -137,7 +137,7 @@ def test_batch_size_not_divisible_says_effective_sizes() -> None:
     with pytest.raises(ConfigError) as info:
         _context({"global_batch_size": 100}, slots=3).get_per_slot_batch_size()
     message = str(info.value)
-    assert "not divisible by resources.slots_per_trial (3)" in message
+    assert "not divisible by the number of slots (3)" in message
     assert "each slot would get 33 records" in message and "effective global batch size would be 99" in message
     assert "use global_batch_size 99 or 102" in message
 

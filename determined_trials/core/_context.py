@@ -36,6 +36,8 @@ __all__ = ["DEFAULT_RUN_DIR", "RUN_DIR_ENV", "Context", "init", "resolve_run_dir
 logger = logging.getLogger("determined_trials.core")
 
 RUN_DIR_ENV = "DET_RUN_DIR"
+LAUNCH_DIR_ENV = "DET_LAUNCH_DIR"
+PREEMPTED_MARKER = "preempted"
 DEFAULT_RUN_DIR = "det-runs"
 ConfigSource = str | os.PathLike[str] | dict[str, Any] | ExperimentConfig
 
@@ -113,11 +115,19 @@ class Context:
             state, reason = "ERROR", f"{type(exc).__name__}: {exc}"
         elif self.preempt.acknowledged:
             state, reason = "PAUSED", "preempted"
+            _mark_preempted_for_launcher()
         else:
             state, reason = "COMPLETED", None
         self.store.set_trial_state(trial_id, state, reason)
         if get_cluster_info() is None:  # a bare script is its own one-trial experiment
             self.store.set_experiment_state(self.info.trial.experiment_id, state, reason)
+
+
+def _mark_preempted_for_launcher() -> None:
+    """Under a det-trials launcher, leave the marker that makes it exit "preempted, resumable"."""
+    folder = os.environ.get(LAUNCH_DIR_ENV)
+    if folder and Path(folder).is_dir():
+        (Path(folder) / PREEMPTED_MARKER).write_text("preempted\n")
 
 
 def init(

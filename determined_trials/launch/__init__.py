@@ -1,1 +1,8 @@
-"""determined_trials.launch: see DESIGN.md (filled in by later issues)."""
+"""Launchers, run as ``python -m determined_trials.launch.<name>``: ``torch_distributed`` (torchrun),
+``wrap_rank`` (per-rank output prefix) and ``harness`` (one rank of a ``--trial FILEPATH:Class``)."""
+
+from determined_trials.launch._args import entrypoint_command
+from determined_trials.launch._launch_dir import LAUNCH_DIR_ENV, PREEMPTED_EXIT_CODE
+from determined_trials.launch._trial_spec import TrialSpecError
+
+__all__ = ["LAUNCH_DIR_ENV", "PREEMPTED_EXIT_CODE", "TrialSpecError", "entrypoint_command"]

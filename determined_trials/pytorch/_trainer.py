@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import random
 from collections.abc import Iterator, Mapping
@@ -14,6 +15,7 @@ import torch
 from determined_trials import core
 from determined_trials._info import get_cluster_info
 from determined_trials.config import ExperimentConfig, load_config
+from determined_trials.errors import CollectiveError
 from determined_trials.loop import Batch, Controller, ExitReason, HookRunner, LoopSettings, TrainUnit
 from determined_trials.pytorch._adapter import PyTorchAdapter
 from determined_trials.pytorch._context import PyTorchTrialContext
@@ -42,14 +44,30 @@ def _experiment_config(exp_conf: Any, hparams: Mapping[str, Any] | None) -> Expe
 
 
 def _distributed_from_environment() -> core.DistributedContext | None:
-    """Under torchrun (WORLD_SIZE > 1): start torch.distributed (gloo on CPU, nccl on CUDA)."""
+    """Under torchrun (WORLD_SIZE > 1): start torch.distributed (gloo on CPU, nccl on CUDA).
+
+    Collectives that wait longer than ``$DET_COLLECTIVE_TIMEOUT`` seconds (default 1800) fail
+    instead of hanging the job.
+    """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        timeout = datetime.timedelta(seconds=_collective_timeout())
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
     return core.DistributedContext.from_torch_distributed()
+
+
+def _collective_timeout() -> float:
+    raw = os.environ.get("DET_COLLECTIVE_TIMEOUT", "1800")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"DET_COLLECTIVE_TIMEOUT={raw!r} must be a positive number of seconds, e.g. 600")
+    return seconds
 
 
 @contextlib.contextmanager
@@ -70,7 +88,10 @@ def init(
     """
     config = _experiment_config(exp_conf, hparams)
     dist = distributed or _distributed_from_environment()
-    with core.init(distributed=dist, config=config, run_dir=run_dir) as core_context:
+    with contextlib.ExitStack() as owned:
+        if distributed is None and dist is not None:
+            owned.callback(dist.close)  # ours (from the environment): close it, or the next init collides
+        core_context = owned.enter_context(core.init(distributed=dist, config=config, run_dir=run_dir))
         trial = core_context.info.trial
         seed_everything(trial.trial_seed)
         context = PyTorchTrialContext(
@@ -128,5 +149,29 @@ class Trainer:
         hooks = HookRunner(self._trial.build_callbacks())
         adapter = PyTorchAdapter(self._trial, self._context, hooks)
         controller = Controller(core=core_context, adapter=adapter, hooks=hooks, settings=settings)
-        self.exit_reason = controller.run(latest_checkpoint)
+        try:
+            self.exit_reason = controller.run(latest_checkpoint)
+        except RuntimeError as exc:
+            _name_unresponsive_ranks(exc, core_context.distributed)
+            raise
+
+
+def _name_unresponsive_ranks(exc: RuntimeError, dist: core.DistributedContext) -> None:
+    """After a torch.distributed failure (gloo says "Timed out waiting 5000ms for recv" and no
+    rank), ask every rank over the DistributedContext (waiting at most its timeout, which is also
+    the process group's): raise a CollectiveError naming the ranks that did not answer."""
+    if dist.get_size() <= 1 or isinstance(exc, CollectiveError) or not _from_torch_distributed(exc):
+        return
+    try:
+        dist.allgather(("torch.distributed failed", dist.get_rank()))
+    except CollectiveError as probe:
+        raise CollectiveError(
+            f"a torch.distributed collective failed on rank {dist.get_rank()}: {exc}. Asking every rank "
+            f"over the DistributedContext: {probe}"
+        ) from exc
+
+
+def _from_torch_distributed(exc: RuntimeError) -> bool:
+    dist_error = getattr(torch.distributed, "DistError", ())
+    return isinstance(exc, dist_error) or "gloo" in str(exc).lower()
 

@@ -1,0 +1,104 @@
+"""Process plumbing for the launchers: exit codes, free ports, tying a child's life to its parent,
+and finding and killing everything a launcher started."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+
+import psutil
+
+__all__ = [
+    "child_pids", "descendants", "die_with_parent", "exit_code", "free_port", "kill_descendants", "set_subreaper",
+]
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_libc: ctypes.CDLL | None = None
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl on Linux (loaded before any fork: a preexec_fn must not load libraries)."""
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return None
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    prctl: Callable[..., int] = _libc.prctl
+    return prctl
+
+
+def exit_code(returncode: int) -> int:
+    """A shell-style exit status: a child killed by signal n gives 128 + n."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def set_subreaper() -> bool:
+    """Make this process adopt its orphaned descendants (Linux), so that none escapes ``kill_descendants``."""
+    prctl = _prctl()
+    return prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def die_with_parent(sig: int, *, new_group: bool = False) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets ``sig`` when its parent dies (Linux) and, with ``new_group``,
+    runs in a process group of its own."""
+    prctl = _prctl()
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if new_group:
+            os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+            if os.getppid() != parent:  # the parent died before the call above
+                os._exit(128 + int(sig))
+
+    return preexec
+
+
+def child_pids() -> set[int]:
+    """The pids of this process's children right now."""
+    try:
+        return {p.pid for p in psutil.Process().children()}
+    except psutil.Error:
+        return set()
+
+
+def descendants(exclude: AbstractSet[int] = frozenset()) -> list[psutil.Process]:
+    """This process's descendants, leaving out the children in ``exclude`` and everything below them."""
+    found: list[psutil.Process] = []
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return found
+    for child in children:
+        if child.pid in exclude:
+            continue
+        found.append(child)
+        with contextlib.suppress(psutil.Error):
+            found.extend(child.children(recursive=True))
+    return found
+
+
+def kill_descendants(sig: int = signal.SIGKILL, exclude: AbstractSet[int] = frozenset()) -> list[psutil.Process]:
+    """Send ``sig`` to the live ``descendants(exclude)``; returns them (``psutil.wait_procs`` reaps them)."""
+    procs = descendants(exclude)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(sig)
+    return procs
