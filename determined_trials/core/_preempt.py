@@ -56,6 +56,7 @@ class PreemptContext:
         self._forwarded = False
         self._acknowledged = False
         self._started = False
+        self._local_decision = False
         self._previous_handlers: dict[signal.Signals, Any] = {}
         self._first_signal_seen: dict[signal.Signals, bool] = {}
 
@@ -69,6 +70,7 @@ class PreemptContext:
         if self._started:
             return
         self._started = True
+        self._local_decision = self._dist.get_size() == 1 or self._mode is PreemptMode.WorkersAskMaster
         if threading.current_thread() is not threading.main_thread():
             logger.warning("core.init() ran outside the main thread: SIGTERM/SIGUSR1 will not preempt")
             return
@@ -81,6 +83,7 @@ class PreemptContext:
             signal.signal(sig, handler)
         self._previous_handlers.clear()
         self._started = False
+        self._local_decision = False
 
     def request_preemption(self) -> None:
         """Ask this task to stop as if it had received SIGTERM (thread-safe)."""
@@ -94,11 +97,14 @@ class PreemptContext:
     def check(self, stop_requested: bool = False, auto_ack: bool = True) -> tuple[bool, bool]:
         """(preempt, stop): the preemption decision and the chief's ``stop_requested``, agreed by all
         ranks in one collective (WorkersAskChief). The trial harness calls this once per batch."""
-        if not self._started:
+        if self._local_decision:  # one process (or WorkersAskMaster): no collective, just the flag
+            preempt, stop = self._requested.is_set(), stop_requested
+        elif not self._started:
             raise RuntimeError(
                 "PreemptContext is not started: call should_preempt() inside `with det.core.init() as ctx:`"
             )
-        preempt, stop = self._decide(stop_requested)
+        else:
+            preempt, stop = self._decide(stop_requested)
         if preempt and auto_ack and not self._acknowledged:
             self.acknowledge_preemption_signal()
         return preempt, stop

@@ -220,7 +220,7 @@ class PyTorchTrialContext(TrialContext, TrainPosition):
         """Step `optimizer` on every `aggregation_frequency`-th batch (gradients accumulate in
         between and are averaged if so configured); `clip_grads(params)` runs first, on
         unscaled gradients; with `scaler` (or automatic AMP) the step goes through the scaler."""
-        if not any(optimizer is o for o in self.optimizers):
+        if id(optimizer) not in self._average_grads:  # filled by wrap_optimizer
             raise ValueError("step_optimizer: this optimizer was not wrapped; use context.wrap_optimizer(optimizer)")
         if self._aggregation_frequency > 1 and not auto_zero_grads:
             raise ValueError(
@@ -252,7 +252,11 @@ class PyTorchTrialContext(TrialContext, TrainPosition):
 
     def _start_batch(self, batch_idx: int, epoch_len: int | None, **epoch: int) -> None:
         """Trainer hook, before each training batch: set the position and clear per-batch flags."""
-        self._set_position(batch_idx, epoch_len, **epoch)
+        if epoch_len:  # the trainer's values are already valid: skip the public path's checks
+            self._batch_idx, self._epoch_len = batch_idx, epoch_len
+            self._epoch_idx, self._batch_in_epoch = divmod(batch_idx, epoch_len)
+        else:
+            self._set_position(batch_idx, epoch_len, **epoch)
         self._optimizer_stepped_this_batch = False
         if self._aggregation_frequency > 1:
             _ddp.set_grad_sync(self.models, self._is_update_batch())

@@ -168,10 +168,10 @@ class SampleOrderPlan:
         first_epoch, step = divmod(start, self.epoch_len)
         n, per_rank, replicas, rank = self._source.n, self._per_rank, self._replicas, self._rank
         for order in self._source.orders(first_epoch):
-            for j in range(step, self.epoch_len):
+            indices = order.tolist() if isinstance(order, np.ndarray) else [int(i) for i in order]
+            for j in range(step, self.epoch_len):  # one conversion per epoch, list slices per batch
                 begin, end = rank_bounds(j, n, per_rank, replicas, rank)
-                chunk = order[begin:end]
-                yield chunk.tolist() if isinstance(chunk, np.ndarray) else [int(i) for i in chunk]
+                yield indices[begin:end]
             step = 0
 
 

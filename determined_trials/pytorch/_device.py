@@ -44,6 +44,8 @@ def to_device(data: Any, device: torch.device, warned: set[type]) -> Any:
         return data.to(device, non_blocking=device.type == "cuda")
     if isinstance(data, np.ndarray):
         return _array_to_device(data, device, warned)
+    if type(data) in (tuple, list) and all(isinstance(t, torch.Tensor) and t.device == device for t in data):
+        return data  # the common batch: tensors already where they belong
     if isinstance(data, tuple):
         items = [to_device(item, device, warned) for item in data]
         if hasattr(type(data), "_fields"):  # a namedtuple

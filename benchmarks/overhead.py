@@ -1,0 +1,288 @@
+"""Training-time overhead of ``Trainer.fit`` over a plain PyTorch loop doing the same work.
+
+Usage: python benchmarks/overhead.py [--rounds 5] [--batches 2000] [--period 500] [--quick]
+
+Four modes, each measured in a fresh process (this script re-run with ``--child MODE``), rounds
+interleaved (the order rotates every round):
+
+- ``raw``        a hand-written loop: torch DataLoader over a TensorDataset (batch 32, shuffle),
+                 SGD on a 64->64->10 MLP, the loss kept on the device and averaged once every
+                 ``--report`` batches (one host sync), a validation pass every ``--period`` batches;
+- ``raw-ckpt``   the same plus ``torch.save`` of the model and optimizer state every ``--period``;
+- ``trial``      the same model as a PyTorchTrial run by ``Trainer.fit(max_length=Batch(batches),
+                 validation_period=Batch(period), reporting_period=Batch(report),
+                 checkpoint_policy="none")``;
+- ``trial-ckpt`` the same with ``checkpoint_period=Batch(period)``.
+
+What is timed: ``time.perf_counter()`` around the training call only, i.e. around the whole raw loop
+(building its DataLoader included) and around ``Trainer(trial, context).fit(...)``. Process start-up,
+imports, data generation, model construction and ``det.pytorch.init()`` are outside the timing, in
+both. Every child runs with ``torch.set_num_threads(1)`` (and OMP/MKL_NUM_THREADS=1) for stability.
+Note that ``Trainer.fit`` always ends with a checkpoint (as Determined does), so the ``trial``
+mode writes one checkpoint that ``raw`` does not: it is counted as harness overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MODES", "main"]
+
+MODES = ("raw", "trial", "raw-ckpt", "trial-ckpt")
+SEED = 1234
+N_TRAIN, N_VAL, FEATURES, HIDDEN, CLASSES = 2048, 512, 64, 64, 10
+BATCH, VAL_BATCH, LR = 32, 256, 0.05
+
+
+# -- shared set-up (children only) -------------------------------------------------------------
+
+
+def _datasets() -> tuple[Any, Any]:
+    """Synthetic, learnable 'digits-like' data: 64 features, 10 classes, a fixed seed."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    gen = torch.Generator().manual_seed(SEED)
+    weights = torch.randn(FEATURES, CLASSES, generator=gen)
+    x = torch.randn(N_TRAIN + N_VAL, FEATURES, generator=gen)
+    y = (x @ weights + 0.5 * torch.randn(N_TRAIN + N_VAL, CLASSES, generator=gen)).argmax(dim=1)
+    return TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), TensorDataset(x[N_TRAIN:], y[N_TRAIN:])
+
+
+def _mlp() -> Any:
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+
+
+# -- the raw loop ------------------------------------------------------------------------------
+
+
+def _raw_validate(model: Any, loader: Any) -> float:
+    import torch
+    from torch import nn
+
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    correct = torch.zeros((), dtype=torch.float64)
+    with torch.no_grad():
+        for x, y in loader:
+            logits = model(x)
+            loss_sum += nn.functional.cross_entropy(logits, y) * len(y)
+            correct += (logits.argmax(dim=1) == y).float().mean() * len(y)
+    model.train()
+    _ = (loss_sum / len(loader.dataset)).item()
+    return (correct / len(loader.dataset)).item()
+
+
+def _raw_loop(args: argparse.Namespace, ckpt: bool, out_dir: Path) -> dict[str, Any]:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(SEED)
+    train_data, val_data = _datasets()
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    loader = torch.utils.data.DataLoader(train_data, batch_size=BATCH, shuffle=True)
+    val_loader = torch.utils.data.DataLoader(val_data, batch_size=VAL_BATCH)
+    losses: list[torch.Tensor] = []
+    batches, accuracy, reported = 0, 0.0, 0.0
+    while batches < args.batches:
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.detach())
+            batches += 1
+            if batches % args.report == 0 or batches == args.batches:
+                reported = torch.stack(losses).mean().item()
+                losses = []
+            if batches % args.period == 0 or batches == args.batches:
+                accuracy = _raw_validate(model, val_loader)
+            if ckpt and batches % args.period == 0:
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+                torch.save(state, out_dir / f"ckpt-{batches}.pth")
+            if batches == args.batches:
+                break
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    return {"seconds": seconds, "cpu_seconds": cpu, "loss": round(reported, 4), "val_accuracy": round(accuracy, 4)}
+
+
+# -- the trial ---------------------------------------------------------------------------------
+
+
+def _trial_class() -> type:
+    import torch
+    from torch import nn
+
+    from determined_trials import pytorch
+
+    class MLPTrial(pytorch.PyTorchTrial):
+        def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+            self.context = context
+            torch.manual_seed(SEED)
+            self.train_data, self.val_data = _datasets()
+            self.model = context.wrap_model(_mlp())
+            self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=LR))
+
+        def build_training_data_loader(self) -> pytorch.DataLoader:
+            return pytorch.DataLoader(self.train_data, batch_size=BATCH, shuffle=True)
+
+        def build_validation_data_loader(self) -> pytorch.DataLoader:
+            return pytorch.DataLoader(self.val_data, batch_size=VAL_BATCH)
+
+        def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = nn.functional.cross_entropy(self.model(x), y)
+            self.context.backward(loss)
+            self.context.step_optimizer(self.optimizer)
+            return loss
+
+        def evaluate_batch(self, batch: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]  # both forms allowed
+            x, y = batch
+            logits = self.model(x)
+            return {"validation_loss": nn.functional.cross_entropy(logits, y),
+                    "validation_accuracy": (logits.argmax(dim=1) == y).float().mean()}
+
+    return MLPTrial
+
+
+def _trial_fit(args: argparse.Namespace, ckpt: bool, run_dir: Path) -> dict[str, Any]:
+    from determined_trials import pytorch
+
+    config = {
+        "name": "overhead-benchmark",
+        "hyperparameters": {"global_batch_size": BATCH},
+        "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": args.batches}},
+        "reproducibility": {"experiment_seed": SEED},
+    }
+    seen: dict[str, Any] = {}
+    with pytorch.init(exp_conf=config, run_dir=str(run_dir)) as context:
+        trial = _trial_class()(context)
+        trainer = pytorch.Trainer(trial, context)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        trainer.fit(
+            max_length=pytorch.Batch(args.batches),
+            validation_period=pytorch.Batch(args.period),
+            checkpoint_period=pytorch.Batch(args.period) if ckpt else None,
+            reporting_period=pytorch.Batch(args.report),
+            checkpoint_policy="none",
+            show_progress=False,
+        )
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        store = context._core.store if context._core is not None else None
+        if store is not None:
+            seen["checkpoints"] = len(store.checkpoints())
+            training = store.metrics(context.get_trial_id(), group="training")[-1].metrics
+            validation = store.metrics(context.get_trial_id(), group="validation")[-1].metrics
+            seen["loss"] = round(training["loss"], 4)
+            seen["val_accuracy"] = round(validation["validation_accuracy"], 4)
+    return {"seconds": seconds, "cpu_seconds": cpu, **seen}
+
+
+def _child(args: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    work = Path(tempfile.mkdtemp(prefix="det-overhead-"))
+    try:
+        if args.child.startswith("raw"):
+            result = _raw_loop(args, args.child == "raw-ckpt", work)
+        else:
+            result = _trial_fit(args, args.child == "trial-ckpt", work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps({"mode": args.child, **result}))
+
+
+# -- the parent --------------------------------------------------------------------------------
+
+
+def _run_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--batches", str(args.batches),
+           "--period", str(args.period), "--report", str(args.report)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {mode} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+_WIDTHS = (12, 10, 9, 9, 10, 8, 9, 11)
+Samples = dict[str, dict[str, list[float]]]  # mode -> {"seconds": [...], "cpu_seconds": [...]}
+
+
+def _measure(args: argparse.Namespace) -> Samples:
+    samples: Samples = {mode: {"seconds": [], "cpu_seconds": []} for mode in MODES}
+    for rnd in range(args.rounds):
+        order = MODES[rnd % len(MODES):] + MODES[:rnd % len(MODES)]
+        for mode in order:
+            result = _run_child(mode, args)
+            for key in ("seconds", "cpu_seconds"):
+                samples[mode][key].append(result[key])
+            extra = "".join(f" {k}={v}" for k, v in result.items() if k not in ("mode", "seconds", "cpu_seconds"))
+            print(f"round {rnd + 1}/{args.rounds} {mode:<10} wall {result['seconds']:.3f} s, "
+                  f"cpu {result['cpu_seconds']:.3f} s;{extra}", flush=True)
+    return samples
+
+
+def _report(samples: Samples, args: argparse.Namespace) -> None:
+    wall = {mode: statistics.median(s["seconds"]) for mode, s in samples.items()}
+    cpu = {mode: statistics.median(s["cpu_seconds"]) for mode, s in samples.items()}
+    print(f"\n{args.batches} batches of {BATCH}, validation every {args.period}, reporting every {args.report}, "
+          f"{args.rounds} rounds, torch.set_num_threads(1); training time (wall; process CPU as a cross-check):")
+    header = ("mode", "median s", "min s", "max s", "us/batch", "ratio", "cpu s", "cpu ratio")
+    print("".join(f"{h:<12}" if i == 0 else f"{h:>{w}}" for i, (h, w) in enumerate(zip(header, _WIDTHS))))
+    for mode in MODES:
+        base = "raw-ckpt" if mode.endswith("ckpt") else "raw"
+        times = samples[mode]["seconds"]
+        print(f"{mode:<12}{wall[mode]:>10.3f}{min(times):>9.3f}{max(times):>9.3f}"
+              f"{wall[mode] / args.batches * 1e6:>10.1f}{wall[mode] / wall[base]:>7.3f}x"
+              f"{cpu[mode]:>9.3f}{cpu[mode] / cpu[base]:>10.3f}x")
+    for trial, raw in (("trial", "raw"), ("trial-ckpt", "raw-ckpt")):
+        t, r = samples[trial]["seconds"], samples[raw]["seconds"]
+        paired = statistics.median(a / b for a, b in zip(t, r))
+        print(f"{trial} / {raw}: ratio of medians {wall[trial] / wall[raw]:.3f}x, median of per-round ratios "
+              f"{paired:.3f}x, ratio of minima {min(t) / min(r):.3f}x")
+    no_ckpt = wall["trial"] / wall["raw"]
+    ckpt = wall["trial-ckpt"] / wall["raw-ckpt"]
+    print(f"overhead ratio (no ckpt): {no_ckpt:.2f}x, (ckpt every {args.period}): {ckpt:.2f}x")
+
+
+def main() -> None:
+    """Parse the arguments; run one child measurement or the whole interleaved benchmark."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="measurements per mode (default 5)")
+    parser.add_argument("--batches", type=int, default=2000, help="training batches (default 2000)")
+    parser.add_argument("--period", type=int, default=500, help="validation/checkpoint period in batches")
+    parser.add_argument("--report", type=int, default=100, help="training-metric reporting period in batches")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 200 batches, period 50, 2 rounds")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per child")
+    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.batches, args.period, args.report, args.rounds = 200, 50, 50, 2
+    for name in ("rounds", "batches", "period", "report"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    if args.child:
+        _child(args)
+        return
+    _report(_measure(args), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Smoke test of ``benchmarks/overhead.py --quick``: it runs end to end and prints its ratio lines (no timing checks)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_overhead_benchmark_quick_run_prints_the_ratios() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--quick"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    for mode in ("raw", "trial", "raw-ckpt", "trial-ckpt"):
+        assert re.search(rf"^{re.escape(mode)}\s+\d+\.\d+", out, re.MULTILINE), out
+    assert re.search(r"^trial / raw: ratio of medians \d+\.\d+x", out, re.MULTILINE), out
+    final = re.search(r"^overhead ratio \(no ckpt\): (\d+\.\d+)x, \(ckpt every (\d+)\): (\d+\.\d+)x$", out, re.MULTILINE)
+    assert final is not None, out
+    assert float(final.group(1)) > 0 and float(final.group(3)) > 0
+    assert "checkpoints=4" in out and "checkpoints=1" in out  # trial-ckpt: every 50 of 200; trial: the final one
