@@ -45,6 +45,9 @@ class ClusterInfo:
     task_type: str = "TRIAL"
     container_addrs: list[str] = dataclasses.field(default_factory=lambda: ["127.0.0.1"])
     container_rank: int = 0
+    searcher_lengths: list[int] | None = None
+    """The searcher operations (absolute lengths) this process should train through; None: the
+    config's ``searcher.max_length`` as one operation."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict that ``from_dict`` reads back."""

@@ -162,7 +162,7 @@ def init(
         distributed=dist,
         preempt=PreemptContext(dist, preempt_mode),
         train=_build_train(store, trial, dist, tensorboard_mode, run_path, exp_config),
-        searcher=_build_searcher(store, trial, dist, exp_config),
+        searcher=_build_searcher(store, trial, dist, exp_config, info),
         profiler=ProfilerContext(dist, _profiler_reporter(store, trial.trial_id)),
         info=cluster_info,
         store=store,
@@ -215,14 +215,16 @@ def _build_train(
 
 
 def _build_searcher(
-    store: LocalStore, trial: TrialInfo, dist: DistributedContext, config: ExperimentConfig
+    store: LocalStore, trial: TrialInfo, dist: DistributedContext, config: ExperimentConfig,
+    info: ClusterInfo | None,
 ) -> SearcherContext:
     max_length = config.searcher.max_length
     length = max_length.value if max_length is not None else 1
     units = Unit.from_name(max_length.unit) if max_length is not None else None
+    lengths = info.searcher_lengths if info is not None and info.searcher_lengths else [length]
     return SearcherContext(
-        dist, source=SingleOperationSource(length), trial_id=trial.trial_id,
-        store=store, units=units, max_length=length,
+        dist, source=SingleOperationSource(*lengths), trial_id=trial.trial_id,
+        store=store, units=units, max_length=max(length, *lengths),
     )
 
 

@@ -57,14 +57,14 @@ class OperationSource(Protocol):
 
 
 class SingleOperationSource:
-    """One operation of a fixed length (the ``single`` searcher, and bare scripts)."""
+    """Fixed operations: one of ``searcher.max_length`` (bare scripts), or the lengths a local
+    experiment runner hands a trial process (it restarts the process for later operations)."""
 
-    def __init__(self, length: int) -> None:
-        self._length: int | None = length
+    def __init__(self, *lengths: int) -> None:
+        self._lengths = list(lengths)
 
     def next_length(self) -> int | None:
-        length, self._length = self._length, None
-        return length
+        return self._lengths.pop(0) if self._lengths else None
 
     def completed(self, length: int, metric: float) -> None:
         pass
