@@ -1,0 +1,27 @@
+"""Hyperparameter searchers for local experiments: which trials to create, how long each trains,
+which to stop; pure logic with `state_dict()` for pause/continue."""
+
+from determined_trials.searcher._base import Searcher, TrialRequest, trial_seed
+from determined_trials.searcher._rungs import RungSearch, promotes
+from determined_trials.searcher._searchers import (
+    AdaptiveASHASearch,
+    GridSearch,
+    RandomSearch,
+    SingleSearch,
+    asha_rung_lengths,
+    make_searcher,
+)
+
+__all__ = [
+    "AdaptiveASHASearch",
+    "GridSearch",
+    "RandomSearch",
+    "RungSearch",
+    "Searcher",
+    "SingleSearch",
+    "TrialRequest",
+    "asha_rung_lengths",
+    "make_searcher",
+    "promotes",
+    "trial_seed",
+]
