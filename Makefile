@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv example example-core test lint benchmark clean
+.PHONY: venv example example-trainer example-core test lint benchmark clean
 
 venv: $(STAMP)
 
@@ -14,15 +14,22 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[pytorch,examples,dev]'
 	touch $(STAMP)
 
-EXAMPLE_RUN_DIR := det-runs/digits_pytorch
+EXAMPLE_RUN_DIR := det-runs/digits_search
+TRAINER_EXAMPLE_RUN_DIR := det-runs/digits_pytorch
 CORE_EXAMPLE_RUN_DIR := det-runs/core_api_digits
 
-# The main job: the digits PyTorchTrial trained with Trainer.fit, then its metrics and checkpoints.
+# The main job: a local grid search over the digits PyTorchTrial (6 trials), ending with the trials table.
 example: venv
 	rm -rf $(EXAMPLE_RUN_DIR)
-	$(BIN)/python examples/digits_pytorch/train.py --run-dir $(EXAMPLE_RUN_DIR)
-	$(BIN)/det-trials --run-dir $(EXAMPLE_RUN_DIR) trial metrics 1 --group validation
+	$(BIN)/det-trials --run-dir $(EXAMPLE_RUN_DIR) experiment create --no-progress \
+		examples/digits_pytorch/search.yaml examples/digits_pytorch
 	$(BIN)/det-trials --run-dir $(EXAMPLE_RUN_DIR) checkpoint list
+
+# The same trial trained once with Trainer.fit in a plain script.
+example-trainer: venv
+	rm -rf $(TRAINER_EXAMPLE_RUN_DIR)
+	$(BIN)/python examples/digits_pytorch/train.py --run-dir $(TRAINER_EXAMPLE_RUN_DIR)
+	$(BIN)/det-trials --run-dir $(TRAINER_EXAMPLE_RUN_DIR) trial metrics 1 --group validation
 
 # The Core API example: a plain PyTorch script, preempted after 3 epochs and resumed.
 example-core: venv

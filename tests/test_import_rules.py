@@ -20,7 +20,8 @@ def _modules_after(code: str) -> set[str]:
 
 
 @pytest.mark.parametrize("module", ["determined_trials", "determined_trials.core", "determined_trials.loop",
-                                    "determined_trials.config", "determined_trials.cli.main"])
+                                    "determined_trials.config", "determined_trials.cli.main",
+                                    "determined_trials.searcher"])
 def test_import_pulls_in_no_framework(module: str) -> None:
     loaded = _modules_after(f"import {module}")
     assert not {m.split(".")[0] for m in loaded} & set(FRAMEWORKS)

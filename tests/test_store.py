@@ -352,3 +352,12 @@ def test_missing_ids(store: LocalStore, call: Any, what: str) -> None:
     assert isinstance(info.value, KeyError)
     message = str(info.value)
     assert message.startswith(f"{what} not found") and str(store.db_path) in message
+
+
+def test_set_experiment_model_dir(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    exp = store.create_experiment(name="x", config={})
+    store.set_experiment_model_dir(exp, "/somewhere/model")
+    assert store.experiment(exp).model_dir == "/somewhere/model"
+    with pytest.raises(KeyError):
+        store.set_experiment_model_dir(999, "/nope")

@@ -10,19 +10,19 @@ import os
 import sys
 from collections.abc import Sequence
 
-from determined_trials.cli import _checkpoint, _common, _experiment, _trial
+from determined_trials.cli import _checkpoint, _common, _experiment, _run, _tensorboard, _trial
 from determined_trials.core._store import NotFoundError
 
 __all__ = ["build_parser", "main"]
 
-_GROUPS = (_experiment, _trial, _checkpoint)
+_GROUPS = (_experiment, _trial, _checkpoint, _run, _tensorboard)  # _run extends the first three
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full ``det-trials`` parser."""
     parser = argparse.ArgumentParser(
         prog="det-trials",
-        description="Inspect local determined_trials runs: experiments, trials, metrics, checkpoints.",
+        description="Run and inspect local determined_trials experiments: trials, metrics, checkpoints.",
     )
     parser.add_argument(
         "--run-dir",

@@ -178,6 +178,13 @@ class LocalStore(StoreReads):
             (dumps(state, "the searcher state"), int(experiment_id)),
         )
 
+    def set_experiment_model_dir(self, experiment_id: int, model_dir: str) -> None:
+        """Record where the experiment's snapshot of its context directory lives."""
+        self._update(
+            "experiment", experiment_id,
+            "UPDATE experiments SET model_dir = ? WHERE id = ?", (str(model_dir), int(experiment_id)),
+        )
+
     # -- trials -----------------------------------------------------------------------------------
     def create_trial(self, *, experiment_id: int, hparams: dict[str, Any], seed: int) -> int:
         """Record a new ACTIVE trial of the experiment and return its id."""

@@ -1,0 +1,145 @@
+"""``det-trials experiment create|continue``, ``trial logs`` and ``checkpoint export``: the commands
+that run local experiments and get their output out (added to the existing command groups)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from determined_trials.cli import _common
+
+__all__ = ["checkpoint_storage_for", "register", "trial_log_path"]
+
+_EXIT = {"COMPLETED": 0, "ERROR": 1, "PAUSED": 75}
+
+
+def _group(commands: argparse._SubParsersAction, name: str) -> argparse._SubParsersAction:
+    """The subcommands of an already registered group (``experiment``, ``trial``, ``checkpoint``)."""
+    parser = commands.choices[name]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    raise RuntimeError(f"command group {name!r} has no subcommands; register it before this module")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``experiment create|continue``, ``trial logs`` and ``checkpoint export``."""
+    experiment = _group(commands, "experiment")
+    create = _common.add_command(experiment, "create", _create, "create an experiment and run its trials")
+    create.add_argument("config", metavar="CONFIG", help="experiment configuration (YAML)")
+    create.add_argument("context_dir", metavar="CONTEXT_DIR", help="folder with the training code (snapshotted)")
+    create.add_argument("--max-context-mb", type=float, default=None, metavar="MB",
+                        help="the largest context directory accepted (default: 95)")
+    resume = _common.add_command(experiment, "continue", _continue, "resume a paused experiment")
+    resume.add_argument("experiment_id", metavar="ID", type=int, help="experiment id")
+    for parser in (create, resume):
+        parser.add_argument("--max-parallel", type=int, default=None, metavar="N",
+                            help="run up to N trials at once (default: 1, one after another)")
+        parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    logs = _common.add_command(_group(commands, "trial"), "logs", _logs, "print a trial's output")
+    logs.add_argument("trial_id", metavar="TRIAL_ID", type=int, help="trial id")
+    logs.add_argument("--tail", type=int, default=None, metavar="N", help="only the last N lines")
+    export = _common.add_command(_group(commands, "checkpoint"), "export", _export,
+                                 "copy a checkpoint out of storage into a folder")
+    export.add_argument("uuid", metavar="UUID", help="checkpoint uuid")
+    export.add_argument("dest", metavar="DIR", help="destination folder (created; must be empty)")
+
+
+def _print_result(result: object) -> int:
+    from determined_trials.experiment import ExperimentResult, trials_table
+
+    assert isinstance(result, ExperimentResult)
+    out = sys.stdout
+    out.write(f"\nExperiment {result.experiment_id}: {result.state}\n")
+    if result.reason:
+        out.write(f"  {result.reason}\n")
+    out.write(trials_table(result.trials, result.metric))
+    return _EXIT.get(result.state, 1)
+
+
+def _create(args: argparse.Namespace) -> int:
+    from determined_trials import experiment
+    from determined_trials.errors import ConfigError
+
+    limit = experiment.DEFAULT_MAX_CONTEXT_BYTES
+    if args.max_context_mb is not None:
+        limit = int(args.max_context_mb * 1024 * 1024)
+    try:
+        result = experiment.create_experiment(
+            args.config, args.context_dir, run_dir=_common.run_dir(args), max_parallel=args.max_parallel,
+            max_context_bytes=limit, display=experiment.Display(progress=False if args.no_progress else None),
+        )
+    except (ConfigError, experiment.ContextTooLargeError, experiment.ExperimentError, FileNotFoundError) as exc:
+        raise _common.CliError(str(exc)) from None
+    return _print_result(result)
+
+
+def _continue(args: argparse.Namespace) -> int:
+    from determined_trials import experiment
+
+    _common.open_store(args)  # a clear error for a missing run dir
+    try:
+        result = experiment.continue_experiment(
+            args.experiment_id, run_dir=_common.run_dir(args), max_parallel=args.max_parallel,
+            display=experiment.Display(progress=False if args.no_progress else None),
+        )
+    except experiment.ExperimentError as exc:
+        raise _common.CliError(str(exc)) from None
+    return _print_result(result)
+
+
+def trial_log_path(run_dir: Path, experiment_id: int, trial_id: int) -> Path:
+    """Where the experiment runner keeps a trial's output."""
+    return run_dir / "experiments" / str(experiment_id) / f"trial_{trial_id}.log"
+
+
+def _logs(args: argparse.Namespace) -> int:
+    store = _common.open_store(args)
+    trial = store.trial(args.trial_id)
+    path = trial_log_path(store.path, trial.experiment_id, trial.id)
+    if not path.is_file():
+        raise _common.CliError(f"trial {trial.id} has no log at {path}: only trials run by "
+                               "`det-trials experiment create` keep one")
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    if args.tail is not None:
+        lines = lines[-args.tail:] if args.tail > 0 else []
+    sys.stdout.writelines(lines)
+    return 0
+
+
+def checkpoint_storage_for(store: object, uuid: str) -> object:
+    """The storage backend that holds checkpoint ``uuid`` (from its experiment's config)."""
+    from determined_trials.core._store import LocalStore
+    from determined_trials.core.storage import storage_from_spec
+
+    assert isinstance(store, LocalStore)
+    record = store.checkpoint(uuid)
+    spec = None
+    if record.experiment_id is not None:
+        spec = store.experiment(record.experiment_id).config.get("checkpoint_storage")
+    return storage_from_spec(spec, default_dir=store.path / "checkpoints")
+
+
+def _export(args: argparse.Namespace) -> int:
+    from determined_trials.core.storage import StorageManager
+
+    store = _common.open_store(args)
+    record = store.checkpoint(args.uuid)
+    if record.state == "DELETED":
+        raise _common.CliError(f"checkpoint {args.uuid} was deleted (checkpoint GC); `det-trials checkpoint "
+                               "list` shows the ones kept")
+    dest = Path(args.dest)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise _common.CliError(f"{dest} exists and is not an empty folder; give a new or empty folder")
+    storage = checkpoint_storage_for(store, args.uuid)
+    assert isinstance(storage, StorageManager)
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        storage.download(args.uuid, dest)
+    except Exception as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise _common.CliError(f"could not export checkpoint {args.uuid} from {storage}: {exc}") from None
+    print(f"checkpoint {args.uuid} ({record.steps_completed} steps) exported to {dest}")
+    return 0

@@ -1,0 +1,44 @@
+"""Local experiments: ``det-trials experiment create`` / ``continue`` run a searcher's trials as
+processes, with restarts, pause/continue, logs and checkpoint garbage collection."""
+
+from determined_trials.experiment._gc import RetentionPolicy, collect_garbage, kept_checkpoints
+from determined_trials.experiment._report import Display, TrialSummary, summarize_trials, trials_table
+from determined_trials.experiment._runner import ExperimentRunner, Work
+from determined_trials.experiment._setup import (
+    ExperimentError,
+    ExperimentResult,
+    continue_experiment,
+    create_experiment,
+    parallelism,
+    visible_gpus,
+)
+from determined_trials.experiment._snapshot import (
+    DEFAULT_MAX_CONTEXT_BYTES,
+    DETIGNORE,
+    ContextTooLargeError,
+    context_files,
+    snapshot_context,
+)
+
+__all__ = [
+    "DEFAULT_MAX_CONTEXT_BYTES",
+    "DETIGNORE",
+    "ContextTooLargeError",
+    "Display",
+    "ExperimentError",
+    "ExperimentResult",
+    "ExperimentRunner",
+    "RetentionPolicy",
+    "TrialSummary",
+    "Work",
+    "collect_garbage",
+    "context_files",
+    "continue_experiment",
+    "create_experiment",
+    "kept_checkpoints",
+    "parallelism",
+    "snapshot_context",
+    "summarize_trials",
+    "trials_table",
+    "visible_gpus",
+]

@@ -1,0 +1,110 @@
+"""One trial process: started in a session of its own, its output prefixed with ``[trial N] `` on the
+terminal and kept in the trial's log file, stopped by SIGTERM to its process group."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO
+
+__all__ = ["TrialProcess"]
+
+_TAIL_LINES = 20
+_STRAY_GRACE_S = 5.0  # after the process ended, how long what is left of its group may hold the output
+_STRAY_GRACE_TERMINATED_S = 60.0  # ... when it was asked to stop (a child may still be checkpointing)
+
+
+class TrialProcess:
+    """A running trial process; ``poll()`` gives its exit status once its output is drained."""
+
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        *,
+        env: dict[str, str],
+        cwd: Path,
+        log_path: Path,
+        prefix: str,
+        echo: Callable[[str], None],
+    ) -> None:
+        self.cmd = list(cmd)
+        self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self.terminated = False
+        self._echo = echo
+        self._prefix = prefix
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the reader thread
+        self._proc = subprocess.Popen(
+            self.cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        assert self._proc.stdout is not None
+        self._reader = threading.Thread(target=self._pump, args=(self._proc.stdout,), daemon=True)
+        self._reader.start()
+        self._ended_at: float | None = None
+
+    @property
+    def pid(self) -> int:
+        """The process id (also its process group id)."""
+        return self._proc.pid
+
+    def _pump(self, stream: IO[bytes]) -> None:
+        try:
+            for raw in iter(stream.readline, b""):
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                self.tail.append(line)
+                self._log.write(line + "\n")
+                self._log.flush()
+                self._echo(self._prefix + line)
+        finally:
+            stream.close()
+            self._log.close()
+
+    def poll(self) -> int | None:
+        """The exit status once the process ended and its output was read, else None."""
+        code = self._proc.poll()
+        if code is None:
+            return None
+        if self._reader.is_alive():
+            self._ended_at = self._ended_at or time.monotonic()
+            grace = _STRAY_GRACE_TERMINATED_S if self.terminated else _STRAY_GRACE_S
+            if time.monotonic() - self._ended_at > grace:
+                self.kill()  # children left behind that hold the output: end them
+            return None
+        self.kill()  # nothing of the group may outlive the trial
+        return code
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until the process ended and its output was read; returns the exit status."""
+        code = self._proc.wait(timeout)
+        self._reader.join(timeout)
+        return code
+
+    def terminate(self) -> None:
+        """SIGTERM to the process group, once: the trial checkpoints and exits (status 75 or 0)."""
+        if self.terminated:
+            return
+        self.terminated = True
+        self._signal_group(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL to the process group (it resumes later from its latest checkpoint)."""
+        self._signal_group(signal.SIGKILL)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)
+
+    def reason(self, code: int) -> str:
+        """A one-paragraph failure reason: the exit status and the last lines of output."""
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        lines = [line for line in self.tail if line.strip()][-8:]
+        body = "\n".join(lines) if lines else "(no output)"
+        return f"trial process failed ({how}); its last lines:\n{body}"

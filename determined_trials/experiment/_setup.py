@@ -1,0 +1,173 @@
+"""``create_experiment`` and ``continue_experiment``: validate, snapshot the context directory, record
+the experiment in the run folder's store and drive it with an ``ExperimentRunner``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from determined_trials.config import ExperimentConfig, load_config
+from determined_trials.core._context import resolve_run_dir
+from determined_trials.core._store import LocalStore
+from determined_trials.errors import ConfigError
+from determined_trials.experiment._report import Display, TrialSummary, summarize_trials
+from determined_trials.experiment._runner import ExperimentRunner
+from determined_trials.experiment._snapshot import DEFAULT_MAX_CONTEXT_BYTES, snapshot_context
+
+__all__ = ["ExperimentError", "ExperimentResult", "continue_experiment", "create_experiment", "parallelism",
+           "visible_gpus"]
+
+SearcherFactory = Callable[[ExperimentConfig], Any]
+CONFIG_FILE = "config.yaml"
+
+
+class ExperimentError(Exception):
+    """A problem the user fixes (wrong state, missing entrypoint); the CLI prints it, exit 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentResult:
+    """How an experiment run ended, and its trials."""
+
+    experiment_id: int
+    state: str
+    reason: str | None
+    metric: str
+    trials: list[TrialSummary]
+
+
+def _default_searcher(config: ExperimentConfig) -> Any:
+    from determined_trials.searcher import make_searcher
+
+    return make_searcher(config)
+
+
+def _absolute_storage(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Relative local checkpoint_storage paths made absolute (trials run in the snapshot folder)."""
+    storage = raw.get("checkpoint_storage")
+    if isinstance(storage, str) and "://" not in storage:
+        raw["checkpoint_storage"] = str((base / Path(storage).expanduser()).resolve())
+    elif isinstance(storage, dict):
+        for key in ("container_path", "host_path"):
+            if isinstance(storage.get(key), str):
+                storage[key] = str((base / Path(storage[key]).expanduser()).resolve())
+    return raw
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs trials may use: ``$CUDA_VISIBLE_DEVICES`` when set, else every /dev/nvidiaN."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    found = (p.name[len("nvidia"):] for p in Path("/dev").glob("nvidia[0-9]*"))
+    return sorted((n for n in found if n.isdigit()), key=int)
+
+
+def parallelism(config: ExperimentConfig, requested: int | None) -> int:
+    """Trials run at once: ``requested`` (default: ``resources.max_slots // slots_per_trial``, else 1),
+    at most the searcher's ``max_concurrent_trials`` and what the machine's GPUs (else CPU cores) hold
+    at ``slots_per_trial`` each."""
+    per_trial = config.resources.slots_per_trial
+    if requested is None and config.resources.max_slots is not None:
+        requested = config.resources.max_slots // per_trial
+    wanted = max(1, requested or 1)
+    concurrent = getattr(config.searcher, "max_concurrent_trials", 0)
+    if concurrent:
+        wanted = min(wanted, concurrent)
+    slots = len(visible_gpus()) or os.cpu_count() or 1
+    return max(1, min(wanted, slots // per_trial))
+
+
+def _snapshot_to_staging(context_dir: Path, run_path: Path, max_bytes: int) -> Path:
+    staging = run_path / "experiments" / f".staging-{uuid.uuid4().hex}"
+    try:
+        snapshot_context(context_dir, staging / "model", exclude=[run_path], max_bytes=max_bytes)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
+
+
+def _place_experiment_dir(staging: Path, exp_dir: Path) -> None:
+    if exp_dir.exists():  # left from a run folder whose store was removed: keep it aside
+        exp_dir.rename(exp_dir.with_name(f"{exp_dir.name}.old-{int(time.time())}"))
+    staging.rename(exp_dir)
+
+
+def _record_model_dir(store: LocalStore, experiment_id: int, model_dir: Path) -> None:
+    # The folder is named by the experiment id, known only after create_experiment.
+    store.set_experiment_model_dir(experiment_id, str(model_dir))
+
+
+def create_experiment(
+    config: Any, context_dir: str | os.PathLike[str], *, run_dir: str | os.PathLike[str] | None = None,
+    max_parallel: int | None = None, max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES,
+    display: Display | None = None, searcher_factory: SearcherFactory | None = None,
+) -> ExperimentResult:
+    """Validate ``config``, snapshot ``context_dir``, record the experiment and run it to its end (or
+    a pause); ConfigError/ContextTooLargeError/ExperimentError say what to fix."""
+    parsed = load_config(config)
+    if parsed.entrypoint is None:
+        raise ConfigError("the experiment config has no entrypoint; add e.g. `entrypoint: model_def:MyTrial` "
+                          "(a PyTorchTrial) or `entrypoint: python3 train.py` (a Core API script)")
+    parsed = load_config(_absolute_storage(parsed.as_dict(), Path.cwd()))
+    searcher = (searcher_factory or _default_searcher)(parsed)
+    run_path = resolve_run_dir(run_dir)
+    store = LocalStore(run_path)
+    staging = _snapshot_to_staging(Path(context_dir), run_path, max_context_bytes)
+    experiment_id = store.create_experiment(
+        name=parsed.name, config=parsed.as_dict(), description=parsed.description, labels=list(parsed.labels),
+    )
+    exp_dir = run_path / "experiments" / str(experiment_id)
+    _place_experiment_dir(staging, exp_dir)
+    _record_model_dir(store, experiment_id, exp_dir / "model")
+    config_path = exp_dir / CONFIG_FILE
+    config_path.write_text(yaml.safe_dump(parsed.as_dict(), sort_keys=False))
+    runner = ExperimentRunner(
+        store=store, experiment_id=experiment_id, config=parsed, searcher=searcher, exp_dir=exp_dir,
+        model_dir=exp_dir / "model", config_path=config_path, max_parallel=parallelism(parsed, max_parallel),
+        display=display, gpus=visible_gpus(),
+    )
+    runner.start_fresh()
+    return _result(store, experiment_id, runner.run(), parsed)
+
+
+def continue_experiment(
+    experiment_id: int, *, run_dir: str | os.PathLike[str] | None = None, max_parallel: int | None = None,
+    display: Display | None = None, searcher_factory: SearcherFactory | None = None,
+) -> ExperimentResult:
+    """Resume a PAUSED experiment: every unfinished trial from its latest checkpoint, the searcher
+    from its saved state."""
+    store = LocalStore(resolve_run_dir(run_dir), create=False)
+    exp = store.experiment(experiment_id)
+    if exp.state != "PAUSED" or exp.searcher_state is None or exp.model_dir is None:
+        hint = {"ACTIVE": "it is running (or its runner was killed); pause it with Ctrl-C or SIGTERM first",
+                "COMPLETED": "it has finished", "ERROR": "it failed; create a new experiment"}
+        raise ExperimentError(f"experiment {experiment_id} is {exp.state}, not PAUSED: "
+                              f"{hint.get(exp.state, 'only a paused experiment can continue')}")
+    parsed = load_config(exp.config)
+    searcher = (searcher_factory or _default_searcher)(parsed)
+    model_dir = Path(exp.model_dir)
+    exp_dir = model_dir.parent
+    runner = ExperimentRunner(
+        store=store, experiment_id=experiment_id, config=parsed, searcher=searcher, exp_dir=exp_dir,
+        model_dir=model_dir, config_path=exp_dir / CONFIG_FILE, max_parallel=parallelism(parsed, max_parallel),
+        display=display, gpus=visible_gpus(),
+    )
+    runner.load_state_dict(exp.searcher_state)
+    return _result(store, experiment_id, runner.run(), parsed)
+
+
+def _result(store: LocalStore, experiment_id: int, state: str, config: ExperimentConfig) -> ExperimentResult:
+    exp = store.experiment(experiment_id)
+    metric, smaller = config.searcher.metric, config.searcher.smaller_is_better
+    return ExperimentResult(experiment_id, state, exp.reason, metric,
+                            summarize_trials(store, experiment_id, metric, smaller))
