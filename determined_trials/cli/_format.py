@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-__all__ = ["FORMATS", "Column", "emit", "human_size", "jsonable", "local_time", "table", "text"]
+__all__ = ["FORMATS", "Column", "emit", "flat_hparams", "human_size", "jsonable", "local_time", "table", "text"]
 
 FORMATS = ("table", "csv", "json")
 
@@ -127,3 +127,14 @@ def emit(
         out.write(_csv(columns, rows))
     else:
         out.write(table(columns, rows))
+
+
+def flat_hparams(hparams: dict[str, Any], prefix: str = "") -> list[str]:
+    """``name=value`` pairs, nested hyperparameters as ``outer.inner=value``."""
+    pairs: list[str] = []
+    for key, value in hparams.items():
+        if isinstance(value, dict) and value:
+            pairs.extend(flat_hparams(value, f"{prefix}{key}."))
+        else:
+            pairs.append(f"{prefix}{key}={text(value)}")
+    return pairs

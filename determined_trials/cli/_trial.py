@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from determined_trials.cli import _common
-from determined_trials.cli._format import Column, emit, table, text
+from determined_trials.cli._format import Column, emit, flat_hparams, table
 from determined_trials.core._store import MetricRecord, Trial
 
 __all__ = ["register", "write_trial_table"]
@@ -39,23 +39,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     _common.add_output_options(metrics)
 
 
-def _flat_hparams(hparams: dict[str, Any], prefix: str = "") -> list[str]:
-    """``name=value`` pairs, nested hyperparameters as ``outer.inner=value``."""
-    pairs: list[str] = []
-    for key, value in hparams.items():
-        if isinstance(value, dict) and value:
-            pairs.extend(_flat_hparams(value, f"{prefix}{key}."))
-        else:
-            pairs.append(f"{prefix}{key}={text(value)}")
-    return pairs
-
-
 def _trial_row(t: Trial) -> list[Any]:
     status = t.status or ""
     if t.early_exit_reason:
         status = f"{status} [early exit: {t.early_exit_reason}]".strip()
     return [t.id, t.experiment_id, t.state, t.seed, t.progress, t.restarts, status,
-            " ".join(_flat_hparams(t.hparams)), t.start_time, t.end_time]
+            " ".join(flat_hparams(t.hparams)), t.start_time, t.end_time]
 
 
 def write_trial_table(out: TextIO, trials: Sequence[Trial]) -> None:

@@ -93,23 +93,11 @@ def summarize_trials(store: LocalStore, experiment_id: int, metric: str, smaller
 
 def trials_table(summaries: list[TrialSummary], metric: str) -> str:
     """The final table as aligned text."""
-    from determined_trials.cli._format import Column, table
+    from determined_trials.cli._format import Column, flat_hparams, table
 
     columns = [Column("id", "TRIAL"), Column("hparams", "HPARAMS"), Column("state", "STATE"),
                Column("restarts", "RESTARTS"), Column("metric", f"BEST {metric}"),
                Column("checkpoint", "BEST CHECKPOINT")]
-    rows = [[s.trial_id, " ".join(_flat(s.hparams)), s.state, s.restarts, s.best_metric, s.best_checkpoint]
+    rows = [[s.trial_id, " ".join(flat_hparams(s.hparams)), s.state, s.restarts, s.best_metric, s.best_checkpoint]
             for s in summaries]
     return table(columns, rows)
-
-
-def _flat(hparams: dict[str, Any], prefix: str = "") -> list[str]:
-    from determined_trials.cli._format import text
-
-    pairs: list[str] = []
-    for key, value in hparams.items():
-        if isinstance(value, dict) and value:
-            pairs.extend(_flat(value, f"{prefix}{key}."))
-        else:
-            pairs.append(f"{prefix}{key}={text(value)}")
-    return pairs
