@@ -7,7 +7,6 @@ tensors are recognised by duck typing.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Mapping
 from typing import Any
@@ -95,7 +94,3 @@ def _convert_tensor(value: Any, where: str) -> Any:
         return _convert(value.item(), where)
     return _convert(value.numpy().item(), where)
 
-
-def is_finite_number(value: Any) -> bool:
-    """True for a real number that is neither NaN nor infinite."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -43,14 +42,12 @@ class PreemptContext:
         dist: DistributedContext,
         mode: PreemptMode = PreemptMode.WorkersAskChief,
         *,
-        on_acknowledge: Callable[[], None] | None = None,
         signals: tuple[signal.Signals, ...] = PREEMPT_SIGNALS,
     ) -> None:
         if not isinstance(mode, PreemptMode):
             raise TypeError(f"preempt_mode must be a det.core.PreemptMode, got {mode!r}")
         self._dist = dist
         self._mode = mode
-        self._on_acknowledge = on_acknowledge
         self._signals = signals
         self._requested = threading.Event()
         self._forwarded = False
@@ -111,11 +108,7 @@ class PreemptContext:
 
     def acknowledge_preemption_signal(self) -> None:
         """Record that the task stops because of preemption and expects to be resumed later."""
-        if self._acknowledged:
-            return
         self._acknowledged = True
-        if self._on_acknowledge is not None and self._dist.get_rank() == 0:
-            self._on_acknowledge()
 
     def _decide(self, stop_requested: bool) -> tuple[bool, bool]:
         size = self._dist.get_size()

@@ -89,11 +89,6 @@ class Controller:
         self._last_validation: dict[str, Any] = {}
         self._progress: Progress | None = None
 
-    @property
-    def state(self) -> TrialState:
-        """The trial's counters (live)."""
-        return self._state
-
     def run(self, latest_checkpoint: str | None = None) -> ExitReason:
         """Train until the length is reached, the trial is preempted or it asks to stop."""
         try:

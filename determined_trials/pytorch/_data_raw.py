@@ -4,10 +4,9 @@ it is, one pass per epoch, and fail loudly on a pass without batches instead of 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sized
-from types import TracebackType
 from typing import Any
 
-from determined_trials.pytorch._data_stream import shutdown_loader_iterator
+from determined_trials.pytorch._data_stream import StreamLifecycle, shutdown_loader_iterator
 
 __all__ = ["RawLoaderStream", "is_reproducible_loader", "wrap_raw_loader"]
 
@@ -19,7 +18,7 @@ def is_reproducible_loader(obj: Any) -> bool:
     return isinstance(obj, DataLoader)
 
 
-class RawLoaderStream:
+class RawLoaderStream(StreamLifecycle):
     """The user's loader as a stream of training batches: when a pass ends, the next epoch starts a new
     pass (``iter(loader)`` again). Nothing is repeated, sharded or skipped here: on resume, skipping the
     batches already trained is the user's job (start at ``context.get_initial_batch()``).
@@ -87,20 +86,6 @@ class RawLoaderStream:
                 + " (training would otherwise wait forever)"
             )
         self._allow_empty_pass = False
-
-    def close(self) -> None:
-        """Stop the current pass's worker processes, if any (idempotent)."""
-        self._closed = True
-        iterator, self._iterator = self._iterator, None
-        if iterator is not None:
-            shutdown_loader_iterator(iterator)
-
-    def __enter__(self) -> RawLoaderStream:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
 
 def wrap_raw_loader(loader: Any, *, start_batch: int = 0) -> RawLoaderStream:

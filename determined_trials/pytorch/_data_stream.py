@@ -79,7 +79,28 @@ def shutdown_loader_iterator(iterator: Any) -> None:
         shutdown()
 
 
-class TrainingStream:
+class StreamLifecycle:
+    """``close()`` and context-manager support shared by the training streams (needs ``_iterator``)."""
+
+    _iterator: Any
+    _closed: bool
+
+    def close(self) -> None:
+        """Shut the current iterator's worker processes down (idempotent); no iteration after."""
+        self._closed = True
+        iterator, self._iterator = self._iterator, None
+        if iterator is not None:
+            shutdown_loader_iterator(iterator)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class TrainingStream(StreamLifecycle):
     """One rank's training batches, batch ``start_batch`` onwards, repeating over epochs without end.
 
     ``position`` is the index of the next batch (batches trained so far, counting the skipped ones);
@@ -122,16 +143,3 @@ class TrainingStream:
         self.position += 1
         return batch
 
-    def close(self) -> None:
-        """Shut the loader's worker processes down (idempotent); the stream cannot be iterated after."""
-        self._closed = True
-        iterator, self._iterator = self._iterator, None
-        if iterator is not None:
-            shutdown_loader_iterator(iterator)
-
-    def __enter__(self) -> TrainingStream:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
