@@ -23,12 +23,16 @@ class DataShape:
 class TrialAdapter(Protocol):
     """Turns "train n batches", "evaluate", "save" and "load" into framework calls.
 
-    Every method is called on every rank, except ``save`` (chief only). Metrics returned by
+    Every method is called on every rank, except ``save`` (chief only unless ``sharded_save``). Metrics returned by
     ``training_metrics`` and ``validate`` are already reduced across batches and ranks and are
     the same on every rank.
     """
 
     framework: str
+    #: Optional (read with ``getattr``, default False): when True, ``save`` runs on every rank into
+    #: that rank's shard of one checkpoint (``store_path(shard=True)``), e.g. DeepSpeed engines
+    #: whose ranks each hold part of the state; when False only the chief saves.
+    # sharded_save: bool
 
     def load(self, path: Path) -> None:
         """Restore models, optimizers, RNGs and callback state from a checkpoint folder."""
@@ -50,7 +54,8 @@ class TrialAdapter(Protocol):
         """Evaluate on the validation data; the reduced metrics, the same on every rank."""
 
     def save(self, path: Path) -> None:
-        """Write the framework state (models, optimizers, RNGs, callbacks...) into ``path``."""
+        """Write the framework state (models, optimizers, RNGs, callbacks...) into ``path``
+        (chief only, or every rank into its shard when ``sharded_save`` is True)."""
 
     def close(self) -> None:
         """Release data loader workers and other resources; idempotent."""

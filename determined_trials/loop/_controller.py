@@ -246,15 +246,19 @@ class Controller:
             return
         state.last_checkpoint = state.batches_trained
         storage_id = None
-        if self._is_chief:
-            self._core.train.set_status("checkpointing")
+        sharded = getattr(self._adapter, "sharded_save", False)
+        if self._is_chief or sharded:
+            if self._is_chief:
+                self._core.train.set_status("checkpointing")
             metadata = {"steps_completed": state.batches_trained, "framework": self._adapter.framework,
                         "format": CHECKPOINT_FORMAT}
-            with self._core.checkpoint.store_path(metadata) as (path, storage_id):
-                (path / TRIAL_STATE_FILE).write_text(json.dumps(state.state_dict(), indent=1))
+            with self._core.checkpoint.store_path(metadata, shard=sharded) as (path, storage_id):
+                if self._is_chief:
+                    (path / TRIAL_STATE_FILE).write_text(json.dumps(state.state_dict(), indent=1))
                 self._adapter.save(path)
-            self._core.train.set_status("training")
-        if self._dist.get_size() > 1:
+            if self._is_chief:
+                self._core.train.set_status("training")
+        if self._dist.get_size() > 1 and not sharded:
             storage_id = self._dist.broadcast(storage_id)
         self._hooks.call("on_checkpoint_upload_end", storage_id)
 
