@@ -11,6 +11,7 @@ import importlib
 from typing import Any
 
 from determined_trials import core
+from determined_trials._compat import LOG_FORMAT, import_from_path
 from determined_trials._info import ClusterInfo, TrialInfo, get_cluster_info
 from determined_trials._trial_context import TrialContext
 from determined_trials.errors import CollectiveError, ConfigError, InvalidHP
@@ -20,11 +21,13 @@ __all__ = [
     "CollectiveError",
     "ConfigError",
     "InvalidHP",
+    "LOG_FORMAT",
     "TrialContext",
     "TrialInfo",
     "core",
     "deepspeed",
     "get_cluster_info",
+    "import_from_path",
     "keras",
     "pytorch",
 ]

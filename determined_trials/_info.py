@@ -49,6 +49,23 @@ class ClusterInfo:
     """The searcher operations (absolute lengths) this process should train through; None: the
     config's ``searcher.max_length`` as one operation."""
 
+    @property
+    def container_slot_counts(self) -> list[int]:
+        """Slots (processes) on each container (machine) of the trial, in container order."""
+        slots = _slots_per_trial(self.trial.config)
+        nodes = max(1, len(self.container_addrs))
+        return [slots // nodes + (1 if i < slots % nodes else 0) for i in range(nodes)]
+
+    @property
+    def slot_ids(self) -> list[int]:
+        """The slot numbers of this container: 0 .. its slot count - 1."""
+        return list(range(self.container_slot_counts[min(self.container_rank, len(self.container_addrs) - 1)]))
+
+    @property
+    def gpu_uuids(self) -> list[str]:
+        """GPU UUIDs of this container's slots; empty: local runs do not look GPUs up by UUID."""
+        return []
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict that ``from_dict`` reads back."""
         return dataclasses.asdict(self)
@@ -68,6 +85,12 @@ class ClusterInfo:
         staging.write_text(json.dumps(self.to_dict(), indent=1))
         os.replace(staging, target)
         return target
+
+
+def _slots_per_trial(config: dict[str, Any]) -> int:
+    resources = config.get("resources") or {}
+    slots = resources.get("slots_per_trial", 1) if isinstance(resources, dict) else 1
+    return slots if isinstance(slots, int) and slots > 0 else 1
 
 
 @functools.cache

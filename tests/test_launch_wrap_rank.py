@@ -80,9 +80,11 @@ def test_usage_errors() -> None:
     assert bad.returncode == 127 and "cannot run 'definitely-not-a-command-xyz'" in bad.stderr
 
 
-def test_no_redirect_leaves_output_alone() -> None:
-    out = _wrap("--no-redirect-stdio", "1", *_py("print('plain')"))
-    assert (out.returncode, out.stdout) == (0, "plain\n")
+def test_no_redirect_keeps_the_rank_prefix() -> None:
+    """--no-redirect-stdio concerns a container's log files only (issue 8, item 9): lines keep their prefix."""
+    for args in (["--no-redirect-stdio", "1"], ["1", "--no-redirect-stdio"]):
+        out = _wrap(*args, *_py("import sys; print('plain'); print('oops', file=sys.stderr)"))
+        assert (out.returncode, out.stdout, out.stderr) == (0, "[rank=1] plain\n", "[rank=1] oops\n")
 
 
 def test_launch_dir_records_pid_and_result(tmp_path: Path) -> None:

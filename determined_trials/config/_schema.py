@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
 from determined_trials.config._base import ConfigProblems, StrictModel, json_value
+from determined_trials.config._det_keys import ConfigWarning, drop_unused_keys
 from determined_trials.config._hparams import HParams, grid_count_problems
 from determined_trials.config._length import Period
 from determined_trials.config._searcher import GridSearcher, SearcherConfig
@@ -23,32 +22,7 @@ __all__ = [
     "Resources",
 ]
 
-CLUSTER_ONLY_KEYS = frozenset({
-    "bind_mounts", "data_layer", "integrations", "internal", "log_policies", "pbs",
-    "preemption_timeout", "project", "retention_policy", "security", "slurm",
-    "tensorboard_storage", "workspace",
-})
-_CLUSTER_ONLY_RESOURCES = frozenset({"agent_label", "devices", "is_single_node", "native_parallel", "weight"})
-_CLUSTER_ONLY_OPTIMIZATIONS = frozenset({"grad_updates_size_file"})
 _MAX_SEED = 2**31 - 1
-
-
-class ConfigWarning(UserWarning):
-    """A config key was accepted but has no effect locally (e.g. cluster-only settings)."""
-
-
-def _drop_cluster_keys(data: Any, keys: frozenset[str], where: str) -> Any:
-    if not isinstance(data, Mapping):
-        return data
-    found = sorted(k for k in data if k in keys)
-    if found:
-        warnings.warn(
-            f"experiment config: ignoring cluster-only {where}key(s) {', '.join(found)}: "
-            "they have no effect when running locally",
-            ConfigWarning,
-            stacklevel=2,
-        )
-    return {k: v for k, v in data.items() if k not in keys}
 
 
 def _entrypoint(value: Any) -> Any:
@@ -83,7 +57,7 @@ class Optimizations(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _cluster_only(cls, data: Any) -> Any:
-        return _drop_cluster_keys(data, _CLUSTER_ONLY_OPTIMIZATIONS, "optimizations ")
+        return drop_unused_keys(data, "optimizations", cls.model_fields, "optimizations ")
 
 
 class Resources(StrictModel):
@@ -100,7 +74,7 @@ class Resources(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _cluster_only(cls, data: Any) -> Any:
-        return _drop_cluster_keys(data, _CLUSTER_ONLY_RESOURCES, "resources ")
+        return drop_unused_keys(data, "resources", cls.model_fields, "resources ")
 
 
 class Reproducibility(StrictModel):
@@ -166,7 +140,7 @@ class ExperimentConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _cluster_only(cls, data: Any) -> Any:
-        return _drop_cluster_keys(data, CLUSTER_ONLY_KEYS, "")
+        return drop_unused_keys(data, "experiment", cls.model_fields, "")
 
     @model_validator(mode="after")
     def _check_grid(self) -> ExperimentConfig:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from determined_trials.config._base import ConfigProblems, StrictModel, tagged_union
+from determined_trials.config._det_keys import drop_unused_keys
 from determined_trials.config._length import MaxLength
 
 __all__ = [
@@ -43,6 +44,12 @@ class _SearcherBase(StrictModel):
     max_length: MaxLength | None = Field(
         default=None, description="how long each trial trains, e.g. `max_length: {batches: 1000}` or `1000`"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cluster_only(cls, data: Any) -> Any:
+        name = data.get("name") if isinstance(data, dict) else None
+        return drop_unused_keys(data, f"searcher.{name}", cls.model_fields, "searcher ")
 
 
 class SingleSearcher(_SearcherBase):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from determined_trials.config._base import StrictModel, tagged_union
+from determined_trials.config._det_keys import drop_unused_keys
 
 __all__ = ["DirectoryStorage", "S3Storage", "SharedFSStorage", "StorageConfig"]
 
@@ -18,6 +19,12 @@ class _StorageBase(StrictModel):
     save_experiment_best: int = Field(default=0, ge=0, description="best checkpoints kept per experiment")
     save_trial_best: int = Field(default=1, ge=0, description="best checkpoints kept per trial")
     save_trial_latest: int = Field(default=1, ge=0, description="latest checkpoints kept per trial")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cluster_only(cls, data: Any) -> Any:
+        kind = data.get("type") if isinstance(data, dict) else None
+        return drop_unused_keys(data, f"checkpoint_storage.{kind}", cls.model_fields, "checkpoint_storage ")
 
 
 class SharedFSStorage(_StorageBase):

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 __all__ = [
-    "DEFAULT_PORT", "JobKey", "ensure_unused", "ipc_endpoint", "ipc_supported", "job_key", "tcp_bind_endpoint",
+    "DEFAULT_PORT", "JobKey", "WRAP_RANK_PARENT_ENV", "WRAP_RANK_PID_ENV",
+    "ensure_unused", "ipc_endpoint", "ipc_supported", "job_key", "tcp_bind_endpoint",
     "tcp_connect_endpoint", "tcp_port",
 ]
 
@@ -46,7 +47,22 @@ def job_key(size: int) -> JobKey:
     if addr and port:
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
         return JobKey(f"master:{addr}:{port}:{run_id}", shared=True)
-    return JobKey(f"parent:{os.getppid()}:{size}", shared=False)
+    return JobKey(f"parent:{_launching_pid()}:{size}", shared=False)
+
+
+WRAP_RANK_PID_ENV = "DET_WRAP_RANK_PID"
+WRAP_RANK_PARENT_ENV = "DET_WRAP_RANK_PARENT_PID"
+
+
+def _launching_pid() -> int:
+    """The process that started this rank: the parent, or, when the parent is a ``wrap_rank`` (which
+    sets these variables), wrap_rank's own parent, so that all ranks of one launcher agree."""
+    parent = os.getppid()
+    if os.environ.get(WRAP_RANK_PID_ENV) == str(parent):
+        launcher = os.environ.get(WRAP_RANK_PARENT_ENV, "")
+        if launcher.isdigit():
+            return int(launcher)
+    return parent
 
 
 def ipc_supported() -> bool:

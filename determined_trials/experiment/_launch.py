@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,8 @@ def trial_environment(
     if launch.latest_checkpoint:
         env[LATEST_CHECKPOINT_ENV] = launch.latest_checkpoint
     env["PYTHONUNBUFFERED"] = "1"
+    # One job id per trial process: every rank it starts, however wrapped, finds its peers by it.
+    env["DET_JOB_ID"] = f"trial-{launch.experiment_id}.{launch.trial_id}.{launch.run_id}-{uuid.uuid4().hex[:12]}"
     # `python3 train.py` in an entrypoint means the interpreter that runs det-trials.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(extra or {})

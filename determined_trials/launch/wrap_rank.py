@@ -1,6 +1,8 @@
 """``python -m determined_trials.launch.wrap_rank RANK_SPEC [--no-redirect-stdio] [--] CMD [ARGS...]``:
 run CMD with every output line prefixed ``[rank=N] `` and its exit code passed through.
 
+``--no-redirect-stdio`` is accepted as in Determined, where it only concerns the container's log
+files; there are none locally, so lines keep their prefix either way.
 RANK_SPEC is a number, or environment variable names separated by commas, tried in order (e.g.
 ``RANK`` under torchrun). SIGTERM, SIGINT, SIGUSR1, SIGUSR2 and SIGHUP are forwarded to CMD, each
 delivery exactly once: CMD runs in its own process group, so a signal sent to wrap_rank's group does
@@ -18,6 +20,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
+from determined_trials.core._addresses import WRAP_RANK_PARENT_ENV, WRAP_RANK_PID_ENV
 from determined_trials.launch._launch_dir import RankResult, launch_dir, write_pid, write_result
 from determined_trials.launch._lines import LinePump, RecentLines
 from determined_trials.launch._procs import die_with_parent, exit_code
@@ -106,15 +109,21 @@ class _Forwarder:
             pass
 
 
-def _run(rank: int, redirect: bool, cmd: list[str]) -> int:
+def _child_environment() -> dict[str, str]:
+    """Our environment plus who we and our parent are: a rank under wrap_rank then derives its job
+    key from our parent (the launcher), like its peers, instead of from its own wrap_rank."""
+    return {**os.environ, WRAP_RANK_PID_ENV: str(os.getpid()), WRAP_RANK_PARENT_ENV: str(os.getppid())}
+
+
+def _run(rank: int, cmd: list[str]) -> int:
     prefix = f"[rank={rank}] ".encode()
     recent = RecentLines()
     folder = launch_dir()
     forwarder = _Forwarder()
     forwarder.install()
-    pipe = subprocess.PIPE if redirect else None
+    pipe = subprocess.PIPE
     try:
-        child = subprocess.Popen(cmd, stdout=pipe, stderr=pipe,
+        child = subprocess.Popen(cmd, stdout=pipe, stderr=pipe, env=_child_environment(),
                                  preexec_fn=die_with_parent(signal.SIGKILL, new_group=True))
     except OSError as exc:
         message = f"wrap_rank: cannot run {cmd[0]!r}: {exc.strerror or exc}"
@@ -128,13 +137,12 @@ def _run(rank: int, redirect: bool, cmd: list[str]) -> int:
         write_pid(folder, rank, child.pid)
     forwarder.attach(child.pid)
     pumps = []
-    if redirect:
-        assert child.stdout is not None and child.stderr is not None
-        for stream, out in ((child.stdout, sys.stdout.buffer), (child.stderr, sys.stderr.buffer)):
-            pumps.append(LinePump(os.dup(stream.fileno()), out, prefix, recent))
-            stream.close()
-        for pump in pumps:
-            pump.start()
+    assert child.stdout is not None and child.stderr is not None
+    for stream, out in ((child.stdout, sys.stdout.buffer), (child.stderr, sys.stderr.buffer)):
+        pumps.append(LinePump(os.dup(stream.fileno()), out, prefix, recent))
+        stream.close()
+    for pump in pumps:
+        pump.start()
     status = exit_code(child.wait())
     deadline = time.monotonic() + _PIPE_DRAIN_S
     for pump in pumps:
@@ -147,12 +155,12 @@ def _run(rank: int, redirect: bool, cmd: list[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     try:
-        spec, redirect, cmd = _parse(sys.argv[1:] if argv is None else argv)
+        spec, _redirect, cmd = _parse(sys.argv[1:] if argv is None else argv)
         rank = resolve_rank(spec)
     except _UsageError as exc:
         print(exc, file=sys.stderr if exc.status else sys.stdout)
         return exc.status
-    return _run(rank, redirect, cmd)
+    return _run(rank, cmd)
 
 
 def _exit(status: int) -> None:

@@ -88,6 +88,7 @@ class Controller:
         self._exit: ExitReason | None = None
         self._last_validation: dict[str, Any] = {}
         self._progress: Progress | None = None
+        self._metric_checked = False
 
     def run(self, latest_checkpoint: str | None = None) -> ExitReason:
         """Train until the length is reached, the trial is preempted or it asks to stop."""
@@ -138,6 +139,8 @@ class Controller:
             while self._state.batches_trained < target.batches:
                 if self._workload(schedule, target.batches):
                     return self._exit_early()
+                if self._settings.test_mode:
+                    break
             if target.op is not None:
                 self._complete_operation(target.op)
             if self._settings.test_mode:
@@ -156,14 +159,14 @@ class Controller:
             end = schedule.next_boundary(state.batches_trained, target)
         self._adapter.train(end - state.batches_trained, state, self._should_stop)
         fired = schedule.fired(state.batches_trained, target)
-        self._end_workload()
+        self._end_workload(target)
         if self._exit is not None:
             return True
         if Boundary.VALIDATE in fired and state.last_validation != state.batches_trained:
             self._validate()
         if Boundary.CHECKPOINT in fired:
             self._checkpoint_if_needed()
-        return self._settings.test_mode
+        return False
 
     def _validation_owed(self, schedule: Schedule) -> bool:
         """After a resume: whether the schedule validates at the current batch and it was not done."""
@@ -190,6 +193,9 @@ class Controller:
         if self._settings.max_length is not None:
             yield _Target(self._to_batches(self._settings.max_length, shape))
             return
+        if self._settings.searcher_metric is None:
+            raise ValueError("fit() needs max_length (e.g. max_length=Epoch(1)) when the config names no "
+                             "searcher.metric: without one there are no searcher operations to train through")
         units = self._core.searcher.get_configured_units()
         for op in self._core.searcher.operations():
             length = unit_from_length(op.length, units.name.lower() if units else None)
@@ -197,13 +203,14 @@ class Controller:
 
     # -- boundaries ----------------------------------------------------------------------------
 
-    def _end_workload(self) -> None:
+    def _end_workload(self, target: int) -> None:
         state = self._state
         metrics = self._adapter.training_metrics()
         self._hooks.call("on_training_workload_end", metrics, [])
         if self._is_chief:
-            reported = {**metrics, "batches": state.batches_trained, "epochs": state.epochs_trained}
+            reported = {"batches": state.batches_trained, "epochs": state.epochs_trained, **metrics}
             self._core.train.report_training_metrics(steps_completed=state.batches_trained, metrics=reported)
+            self._core.train.report_progress(min(1.0, state.batches_trained / max(target, 1)))
             assert self._progress is not None
             self._progress.advance_to(state.batches_trained)
             self._progress.say(summary_line("training", state.batches_trained, state.epochs_trained, metrics))
@@ -214,13 +221,14 @@ class Controller:
             self._core.train.set_status("validating")
         self._hooks.call("on_validation_start")
         metrics = self._adapter.validate(test_mode=self._settings.test_mode)
+        self._check_searcher_metric(metrics)
         self._hooks.call("on_validation_end", metrics)
         state.last_validation = state.batches_trained
         self._last_validation = metrics
         take_checkpoint = False
         if self._is_chief:
             take_checkpoint = self._policy_wants_checkpoint(metrics)
-            reported = {**metrics, "batches": state.batches_trained, "epochs": state.epochs_trained}
+            reported = {"batches": state.batches_trained, "epochs": state.epochs_trained, **metrics}
             self._core.train.report_validation_metrics(steps_completed=state.batches_trained, metrics=reported)
             assert self._progress is not None
             self._progress.say(summary_line("validation", state.batches_trained, state.epochs_trained, metrics))
@@ -230,8 +238,22 @@ class Controller:
         if take_checkpoint:
             self._checkpoint_if_needed()
 
+    def _check_searcher_metric(self, metrics: dict[str, Any]) -> None:
+        """At the first validation: a metric the config names must be among those the trial returns."""
+        metric = self._settings.searcher_metric
+        if metric is None or metric in metrics or self._metric_checked:
+            return
+        self._metric_checked = True
+        needed = self._settings.checkpoint_policy == "best" or self._settings.max_length is None
+        if needed:
+            _searcher_value(metrics, metric)  # raises, naming the metrics the trial returned
+        logger.warning("the config's searcher.metric %r is not among the validation metrics %s",
+                       metric, sorted(metrics))
+
     def _policy_wants_checkpoint(self, metrics: dict[str, Any]) -> bool:
         policy = self._settings.checkpoint_policy
+        if policy == "best" and self._settings.searcher_metric is None:
+            return True  # no metric to rank by: "best" keeps every validated checkpoint, as "all"
         if policy != "best":
             return policy == "all"
         value = _searcher_value(metrics, self._settings.searcher_metric)

@@ -4,6 +4,7 @@ the Trainer, with Determined's public names."""
 from determined_trials.loop import Batch, Epoch, Record, TrainUnit
 from determined_trials.pytorch import samplers
 from determined_trials.pytorch._callback import PyTorchCallback
+from determined_trials.pytorch._compat import TorchData, adapt_batch_sampler, to_device
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._data import DataLoader
 from determined_trials.pytorch._load import load_trial_from_checkpoint_path
@@ -25,9 +26,12 @@ __all__ = [
     "Record",
     "Reducer",
     "TrainUnit",
+    "TorchData",
     "Trainer",
+    "adapt_batch_sampler",
     "data_length",
     "init",
     "load_trial_from_checkpoint_path",
     "samplers",
+    "to_device",
 ]

@@ -41,6 +41,9 @@ class PyTorchTrialContext(TrialContext, TrainPosition):
     debugging) the job has one process and TensorBoard files go to a temporary folder.
     """
 
+    _searcher_metric_named: bool = True
+    """False when ``det.pytorch.init`` filled in the searcher: no metric is then enforced."""
+
     def __init__(
         self,
         *,
@@ -149,12 +152,13 @@ class PyTorchTrialContext(TrialContext, TrainPosition):
         self.optimizers.append(optimizer)
         return optimizer
 
-    def wrap_lr_scheduler(self, scheduler: Any, step_mode: Any, frequency: int = 1) -> Any:
+    def wrap_lr_scheduler(self, lr_scheduler: Any, step_mode: Any, frequency: int = 1) -> Any:
         """Register an LR scheduler of a wrapped optimizer; returns `scheduler` itself.
 
         `step_mode` is an `LRScheduler.StepMode`; the trainer steps it (unless MANUAL_STEP) and
         checkpoints it.
         """
+        scheduler = lr_scheduler
         wrapper = LRScheduler(scheduler, step_mode, frequency)  # checks the mode and the scheduler
         optimizer = getattr(scheduler, "optimizer", None)
         if optimizer is None or not any(optimizer is o for o in self.optimizers):

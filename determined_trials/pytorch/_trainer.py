@@ -24,6 +24,7 @@ from determined_trials.pytorch._trial import PyTorchTrial, check_trial_class
 __all__ = ["init", "Trainer", "seed_everything"]
 
 _DEFAULT_REPORTING_PERIOD = Batch(100)
+# The schema needs a metric name; a searcher the user did not write never enforces it (see Trainer.fit).
 _DEFAULT_SEARCHER = {"name": "single", "metric": "validation_loss", "max_length": {"batches": 100}}
 
 
@@ -34,13 +35,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _experiment_config(exp_conf: Any, hparams: Mapping[str, Any] | None) -> ExperimentConfig | None:
-    """The config to run with: ``exp_conf``, else one holding ``hparams`` as constants, else the launcher's."""
+def _experiment_config(exp_conf: Any, hparams: Mapping[str, Any] | None) -> tuple[ExperimentConfig | None, bool]:
+    """The config to run with (``exp_conf``, else one holding ``hparams`` as constants, else None: the
+    launcher's) and whether its ``searcher`` (hence ``searcher.metric``) was written by the user."""
     if exp_conf is not None:
-        return load_config(exp_conf)
+        if isinstance(exp_conf, Mapping) and not exp_conf.get("searcher"):
+            return load_config({**exp_conf, "searcher": _DEFAULT_SEARCHER}), False
+        return load_config(exp_conf), True
     if hparams is not None:
-        return load_config({"hyperparameters": dict(hparams), "searcher": _DEFAULT_SEARCHER})
-    return None
+        return load_config({"hyperparameters": dict(hparams), "searcher": _DEFAULT_SEARCHER}), False
+    return None, True
 
 
 def _distributed_from_environment() -> core.DistributedContext | None:
@@ -86,7 +90,7 @@ def init(
     ``exp_conf`` (a path, YAML dict or parsed config) and/or ``hparams``. RNGs are seeded from the
     trial seed (``reproducibility.experiment_seed`` locally). ``run_dir`` is a local addition.
     """
-    config = _experiment_config(exp_conf, hparams)
+    config, metric_named = _experiment_config(exp_conf, hparams)
     dist = distributed or _distributed_from_environment()
     with contextlib.ExitStack() as owned:
         if distributed is None and dist is not None:
@@ -98,6 +102,7 @@ def init(
             core_context=core_context, config=config, hparams=hparams,
             aggregation_frequency=aggregation_frequency, enable_tensorboard_logging=enable_tensorboard_logging,
         )
+        context._searcher_metric_named = metric_named
         try:
             yield context
         finally:
@@ -138,11 +143,12 @@ class Trainer:
         core_context = self._context._core
         assert core_context is not None
         searcher = self._context.config.searcher
+        metric = searcher.metric if self._context._searcher_metric_named else None
         settings = LoopSettings(
             max_length=max_length, validation_period=validation_period, checkpoint_period=checkpoint_period,
             reporting_period=reporting_period, checkpoint_policy=checkpoint_policy,
             step_zero_validation=step_zero_validation, test_mode=test_mode, profiling_enabled=profiling_enabled,
-            show_progress=show_progress, searcher_metric=searcher.metric, smaller_is_better=searcher.smaller_is_better,
+            show_progress=show_progress, searcher_metric=metric, smaller_is_better=searcher.smaller_is_better,
         )
         if latest_checkpoint is None and get_cluster_info() is not None:
             latest_checkpoint = core_context.info.latest_checkpoint
