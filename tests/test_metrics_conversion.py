@@ -1,4 +1,4 @@
-"""Metric values: numpy and 0-d tensor scalars convert, everything else is an error naming the key."""
+"""Metric values: numpy values and 0-d tensor scalars convert, everything else is an error naming the key."""
 
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ def test_nan_is_kept() -> None:
 
 
 @pytest.mark.parametrize("value, hint", [
-    (np.zeros(3), "numpy array of shape (3,)"),
     (torch.ones(2, 2), "tensor of shape (2, 2)"),
     (object(), "not JSON-serialisable"),
     ({1, 2}, "not JSON-serialisable"),
@@ -46,7 +45,16 @@ def test_bad_values_name_the_key(value: object, hint: str) -> None:
 
 def test_nested_bad_value_names_the_path() -> None:
     with pytest.raises(TypeError, match=r"\['outer'\]\['inner'\]\[1\]"):
-        to_json_metrics({"outer": {"inner": [1.0, np.ones(2)]}})
+        to_json_metrics({"outer": {"inner": [1.0, torch.ones(2)]}})
+
+
+def test_numpy_arrays_are_stored_as_lists() -> None:
+    """As Determined stores them (issue 8, item 7); a numpy array of objects still fails by path."""
+    out = to_json_metrics({"vec": np.arange(3), "grid": np.ones((2, 2), dtype=np.float32), "one": np.array([0.5])})
+    assert out == {"vec": [0, 1, 2], "grid": [[1.0, 1.0], [1.0, 1.0]], "one": [0.5]}
+    assert type(out["vec"][0]) is int
+    with pytest.raises(TypeError, match=r"\['bad'\]\[0\]"):
+        to_json_metrics({"bad": np.array([object()])})
 
 
 def test_non_string_key_and_non_dict() -> None:

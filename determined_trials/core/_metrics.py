@@ -70,12 +70,10 @@ def _convert(value: Any, where: str) -> Any:
 
 
 def _convert_numpy(value: np.generic | np.ndarray, where: str) -> Any:
+    """A numpy scalar as a number, an array as a (nested) list, as Determined stores them."""
     if value.ndim == 0:
         return _convert(value.item(), where)
-    raise TypeError(
-        f"{where} is a numpy array of shape {tuple(value.shape)}; report a scalar "
-        "(e.g. value.mean()) or a list (value.tolist())"
-    )
+    return _convert(value.tolist(), where)
 
 
 def _is_framework_tensor(value: Any) -> bool:

@@ -206,7 +206,8 @@ class Controller:
     def _end_workload(self, target: int) -> None:
         state = self._state
         metrics = self._adapter.training_metrics()
-        self._hooks.call("on_training_workload_end", metrics, [])
+        batch_metrics = getattr(self._adapter, "batch_metrics", None)  # an opt-in of some adapters
+        self._hooks.call("on_training_workload_end", metrics, batch_metrics() if batch_metrics else [])
         if self._is_chief:
             reported = {"batches": state.batches_trained, "epochs": state.epochs_trained, **metrics}
             self._core.train.report_training_metrics(steps_completed=state.batches_trained, metrics=reported)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from determined_trials.loop import DataShape, HookRunner, TrialState
+from determined_trials.pytorch._callback import overrides_hook
 from determined_trials.pytorch._checkpoint_io import load_trial_state, save_trial_state
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._data import DataLoader
@@ -43,6 +44,12 @@ class PyTorchAdapter:
         self._validation_loader: Any = None
         self._train_metrics = TrainingMetrics()
         self._uses_evaluate_batch = type(trial).evaluate_batch is not PyTorchTrial.evaluate_batch
+        callbacks = list(hooks.callbacks.values())
+        self._keep_outputs = overrides_hook(callbacks, "on_validation_epoch_end")
+        self._kept_batches: list[Any] | None = (
+            [] if any(getattr(cb, "wants_batch_metrics", False) for cb in callbacks) else None
+        )
+        self._batch_metrics: list[dict[str, Any]] = []
         self._check_wrapped()
 
     # -- the adapter interface -----------------------------------------------------------------
@@ -71,6 +78,8 @@ class PyTorchAdapter:
         context, trial = self._context, self._trial
         epoch_len = self._epoch_len or 0
         stream, add_metrics = self._stream, self._train_metrics.add
+        if self._kept_batches is not None:  # opted in: also keep each batch's outputs (no sync here)
+            add_metrics = self._add_and_keep
         schedulers, reducers = context.lr_schedulers, context.reducers
         to_device = context.to_device if context.experimental._auto_to_device else None
         profiler = context._profiler
@@ -110,14 +119,28 @@ class PyTorchAdapter:
         self._hooks.call("on_training_epoch_end", epoch_idx)
         state.epochs_trained += 1
 
+    def _add_and_keep(self, output: Any) -> None:
+        self._train_metrics.add(output)
+        assert self._kept_batches is not None
+        self._kept_batches.append({"loss": output} if isinstance(output, torch.Tensor) else dict(output))
+
+    def batch_metrics(self) -> list[dict[str, Any]]:
+        """The last workload's per-batch metrics, averaged across ranks; [] unless a callback opted in."""
+        return self._batch_metrics
+
     def stop_requested(self) -> bool:
         return self._context.get_stop_requested()
 
     def training_metrics(self) -> dict[str, Any]:
         reducers = self._context.reducers
-        payload = (self._train_metrics.summary(), reducers.per_slot(True))
+        kept = self._kept_batches
+        per_batch = None if kept is None else [{k: _to_python(v) for k, v in out.items()} for out in kept]
+        payload = (self._train_metrics.summary(), reducers.per_slot(True), per_batch)
         gathered = self._allgather(payload)
         metrics = self._train_metrics.combine([g[0] for g in gathered])
+        if kept is not None:
+            self._batch_metrics = _average_batches([g[2] for g in gathered])
+            kept.clear()
         if reducers.has_reducers(True):
             metrics.update(reducers.cross_slot(True, [g[1] for g in gathered]))
         self._train_metrics.reset()
@@ -157,6 +180,8 @@ class PyTorchAdapter:
         with_idx = evaluate_takes_batch_idx(self._trial)
         to_device = self._context.to_device if self._context.experimental._auto_to_device else None
         reducers = self._context.reducers
+        outputs: list[Any] = []
+        self._hooks.call("on_validation_epoch_start")
         for batch_idx, batch in enumerate(loader):
             records = self._trial.get_batch_length(batch)
             if to_device is not None:
@@ -164,9 +189,12 @@ class PyTorchAdapter:
             evaluate: Any = self._trial.evaluate_batch
             output = evaluate(batch, batch_idx) if with_idx else evaluate(batch)
             metrics.add(output, records)
+            if self._keep_outputs:
+                outputs.append(output)
             reducers.batch_end()
             if test_mode:
                 break
+        self._hooks.call("on_validation_epoch_end", outputs)
         gathered = self._allgather((metrics.summary(), reducers.per_slot(False)))
         result = metrics.combine([g[0] for g in gathered])
         if reducers.has_reducers(False):
@@ -227,6 +255,21 @@ class PyTorchAdapter:
         )
 
 
+def _average_batches(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Batch i's metrics averaged over the ranks that trained a batch i (numbers only; else rank 0's)."""
+    longest = max((len(batches) for batches in per_rank), default=0)
+    averaged = []
+    for i in range(longest):
+        present = [batches[i] for batches in per_rank if i < len(batches)]
+        merged: dict[str, Any] = {}
+        for key, first in present[0].items():
+            values: list[Any] = [b.get(key) for b in present]
+            numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+            merged[key] = sum(values) / len(values) if numeric and len(values) > 1 else first
+        averaged.append(merged)
+    return averaged
+
+
 def _raw_batch_size(loader: Any, size: int) -> int | None:
     batch_size = getattr(loader, "batch_size", None)
     return batch_size * size if isinstance(batch_size, int) else None
@@ -234,7 +277,7 @@ def _raw_batch_size(loader: Any, size: int) -> int | None:
 
 def _to_python(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.item() if value.dim() == 0 else value.tolist()
+        return value.item() if value.numel() == 1 else value.tolist()  # one element: a number
     if hasattr(value, "tolist"):
-        return value.tolist()
+        return value.reshape(()).item() if getattr(value, "size", 0) == 1 else value.tolist()
     return value

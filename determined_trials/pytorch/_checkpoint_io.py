@@ -109,6 +109,7 @@ def save_trial_state(path: Path, trial: PyTorchTrial, context: PyTorchTrialConte
         "experiment_config": context.get_experiment_config(),
     }
     (path / LOAD_DATA_FILE).write_text(json.dumps(load_data, indent=1))
+    hooks.call("on_checkpoint_end", str(path))
     hooks.call("on_checkpoint_write_end", str(path))
 
 

@@ -240,7 +240,7 @@ class _Metrics:
                 result = reduce(values, axis=0)
             if all(s.keys[key].integral for _, s in ranks):
                 result = np.rint(result).astype(np.int64)
-            metrics[key] = result.tolist()
+            metrics[key] = result.reshape(()).item() if result.size == 1 else result.tolist()
         return metrics
 
     def finish(self, allgather: Allgather) -> dict[str, Any]:
@@ -269,8 +269,8 @@ class TrainingMetrics(_Metrics):
     Python numbers with the same names in every batch. Tensors stay on their device (detached,
     never synchronised) until ``finish``; Python numbers are summed in Python. The result is the
     mean over every batch of every rank (ranks weighted by their batch counts). A non-scalar
-    metric is averaged element-wise and reported as a nested list of the same shape, so its shape
-    must not change within a workload.
+    metric is averaged element-wise and reported as a nested list of the same shape (a one-element
+    one as a number), so its shape must not change within a workload.
     """
 
     _what = "train_batch"

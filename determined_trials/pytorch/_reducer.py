@@ -262,11 +262,13 @@ def _named_results(entry: _Entry, result: Any) -> dict[str, Any]:
 
 
 def _to_python(value: Any) -> Any:
-    """Tensors and numpy values as Python numbers or (nested) lists; containers recursively."""
+    """Tensors and numpy values as Python numbers or (nested) lists (one element: a number, as in
+    Determined); containers recursively."""
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().tolist()
+        value = value.detach().cpu()
+        return value.reshape(()).item() if value.numel() == 1 else value.tolist()
     if isinstance(value, (np.ndarray, np.generic)):
-        return value.tolist()
+        return value.reshape(()).item() if value.size == 1 else value.tolist()
     if isinstance(value, dict):
         return {key: _to_python(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):

@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import os
 import random
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from determined_trials.config import ExperimentConfig, load_config
 from determined_trials.errors import CollectiveError
 from determined_trials.loop import Batch, Controller, ExitReason, HookRunner, LoopSettings, TrainUnit
 from determined_trials.pytorch._adapter import PyTorchAdapter
+from determined_trials.pytorch._callback import overrides_hook
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._trial import PyTorchTrial, check_trial_class
 
@@ -153,6 +155,9 @@ class Trainer:
         if latest_checkpoint is None and get_cluster_info() is not None:
             latest_checkpoint = core_context.info.latest_checkpoint
         hooks = HookRunner(self._trial.build_callbacks())
+        if overrides_hook(hooks.callbacks.values(), "on_checkpoint_end"):
+            warnings.warn("PyTorchCallback.on_checkpoint_end is deprecated; override on_checkpoint_write_end "
+                          "(same argument, same moment) instead", FutureWarning, stacklevel=2)
         adapter = PyTorchAdapter(self._trial, self._context, hooks)
         controller = Controller(core=core_context, adapter=adapter, hooks=hooks, settings=settings)
         try:
