@@ -9,6 +9,7 @@ rebuild the trial.
 from __future__ import annotations
 
 import json
+import pickle
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -113,12 +114,23 @@ def save_trial_state(path: Path, trial: PyTorchTrial, context: PyTorchTrialConte
     hooks.call("on_checkpoint_write_end", str(path))
 
 
-def read_state_file(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Load ``state_dict.pth`` safely (weights_only) with a clear error when it is missing."""
+def read_state_file(path: Path, device: torch.device | str = "cpu", *, weights_only: bool = True) -> dict[str, Any]:
+    """Load ``state_dict.pth`` safely (weights_only, unless the caller opted out) with clear errors
+    when it is missing or holds pickled objects (e.g. a Determined 0.38 checkpoint's numpy RNG state)."""
     state_file = path / STATE_FILE
     if not state_file.exists():
         raise FileNotFoundError(f"{path} has no {STATE_FILE}: it is not a PyTorchTrial checkpoint")
-    loaded: dict[str, Any] = torch.load(state_file, map_location=device, weights_only=True)
+    try:
+        loaded: dict[str, Any] = torch.load(state_file, map_location=device, weights_only=weights_only)
+    except pickle.UnpicklingError as err:
+        if not weights_only:
+            raise
+        raise pickle.UnpicklingError(
+            f"{state_file} holds pickled Python objects (Determined 0.38 checkpoints pickle numpy RNG "
+            "state), which a safe load (weights_only=True) refuses. Unpickling runs code from the file: "
+            "only if you trust it, opt in with load_trial_from_checkpoint_path(path, "
+            f"torch_load_kwargs={{'weights_only': False}}). ({err})"
+        ) from None
     return loaded
 
 
@@ -137,7 +149,11 @@ def load_trial_state(path: Path, context: PyTorchTrialContext, hooks: HookRunner
 
 def load_models(checkpoint: dict[str, Any], models: list[torch.nn.Module], path: Path) -> None:
     """Load every wrapped model's weights; a mismatch says which model and why."""
-    saved = checkpoint["models_state_dict"]
+    saved = checkpoint.get("models_state_dict")
+    if saved is None and "model_state_dict" in checkpoint:  # the single-model key of old checkpoints
+        saved = [checkpoint["model_state_dict"]]
+    if saved is None:
+        raise RuntimeError(f"checkpoint {path}: {STATE_FILE} holds no models_state_dict (keys: {sorted(checkpoint)})")
     _check_count("model", saved, models, path)
     for index, (model, state) in enumerate(zip(models, saved)):
         try:

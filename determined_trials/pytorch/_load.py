@@ -1,19 +1,30 @@
-"""``load_trial_from_checkpoint_path``: rebuild a trial with its trained weights for inference."""
+"""``load_trial_from_checkpoint_path``: rebuild a trial with its trained weights for inference or a
+warm start, from our checkpoints and (with an explicit opt-in to unpickling) Determined 0.38's."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from determined_trials._compat import import_from_path
+from determined_trials.config import ConfigWarning, ExperimentConfig, load_config
+from determined_trials.errors import ConfigError
 from determined_trials.pytorch._checkpoint_io import LOAD_DATA_FILE, load_models, read_state_file
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._trial import PyTorchTrial
 
 __all__ = ["load_trial_from_checkpoint_path"]
+
+logger = logging.getLogger("determined_trials.pytorch")
+
+_CODE_DIR = "code"
+_SEARCHER = {"name": "single", "metric": "validation_loss"}
 
 
 def load_trial_from_checkpoint_path(
@@ -24,21 +35,49 @@ def load_trial_from_checkpoint_path(
 ) -> PyTorchTrial:
     """The trial of a checkpoint folder, built with its hparams and config, with trained weights.
 
-    ``trial_class`` defaults to the class named in the checkpoint (it must be importable);
-    ``trial_kwargs`` are passed to its constructor after the context. Only model weights are
-    loaded (not optimizers), on the CPU unless ``torch_load_kwargs={"map_location": ...}``.
+    ``trial_class`` defaults to the class named in the checkpoint (imported as is, else from its
+    ``code/`` folder); ``trial_kwargs`` go to its constructor after the context. Only model weights
+    are loaded (not optimizers), on the CPU unless ``torch_load_kwargs={"map_location": ...}``.
+    The load is ``weights_only`` unless ``torch_load_kwargs={"weights_only": False}``: Determined 0.38
+    checkpoints pickle numpy RNG state, so they need that opt-in (only for files you trust).
     """
     folder = Path(path)
     load_data = _read_load_data(folder)
-    cls = trial_class or _import_trial_class(load_data["trial_cls_spec"])
-    context = PyTorchTrialContext(
-        config=load_data.get("experiment_config"), hparams=load_data.get("hparams") or {},
-        device=(torch_load_kwargs or {}).get("map_location", "cpu"),
-    )
+    if load_data.get("trial_type", "PyTorchTrial") != "PyTorchTrial":
+        logger.warning("checkpoint %s was written by a %s, not a PyTorchTrial", folder, load_data.get("trial_type"))
+    load_kwargs = dict(torch_load_kwargs or {})
+    device = load_kwargs.pop("map_location", "cpu")
+    weights_only = load_kwargs.pop("weights_only", True)
+    if load_kwargs:
+        raise TypeError(
+            f"torch_load_kwargs: only map_location and weights_only are supported, got {sorted(load_kwargs)}"
+        )
+    if not isinstance(weights_only, bool):
+        raise TypeError(f"torch_load_kwargs['weights_only'] must be True or False, got {weights_only!r}")
+    cls = trial_class or _import_trial_class(load_data["trial_cls_spec"], folder / _CODE_DIR)
+    hparams = load_data.get("hparams") or {}
+    context = PyTorchTrialContext(config=_recorded_config(load_data, hparams), hparams=hparams, device=device)
     trial = cls(context, **dict(trial_kwargs or {}))
-    checkpoint = read_state_file(folder, context.device)
+    checkpoint = read_state_file(folder, context.device, weights_only=weights_only)
     load_models(checkpoint, context.models, folder)
     return trial
+
+
+def _recorded_config(load_data: Mapping[str, Any], hparams: Mapping[str, Any]) -> ExperimentConfig:
+    """The checkpoint's config; Determined writes null when ``exp_conf`` was not given, and a full
+    cluster config otherwise (its cluster-only keys are dropped quietly: it is a record, not a request)."""
+    recorded = load_data.get("experiment_config")
+    raw = dict(recorded) if isinstance(recorded, Mapping) else {"hyperparameters": dict(hparams)}
+    if not raw.get("searcher"):
+        raw["searcher"] = _SEARCHER
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)
+        try:
+            return load_config(raw)
+        except ConfigError as err:
+            logger.warning("the checkpoint's experiment config does not validate here (%s); using its "
+                           "hyperparameters only", str(err).splitlines()[0])
+            return load_config({"hyperparameters": dict(hparams), "searcher": _SEARCHER})
 
 
 def _read_load_data(folder: Path) -> dict[str, Any]:
@@ -52,7 +91,7 @@ def _read_load_data(folder: Path) -> dict[str, Any]:
     return loaded
 
 
-def _import_trial_class(spec: str) -> type[PyTorchTrial]:
+def _import_trial_class(spec: str, code_dir: Path) -> type[PyTorchTrial]:
     module_name, _, qualname = spec.partition(":")
     if module_name == "__main__":
         raise ValueError(
@@ -60,11 +99,25 @@ def _import_trial_class(spec: str) -> type[PyTorchTrial]:
             "imported; pass trial_class=YourTrial"
         )
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
+        obj = _resolve(module_name, qualname)
     except (ImportError, AttributeError) as err:
-        raise ValueError(f"cannot import the checkpoint's trial class {spec!r} ({err}); pass trial_class=...") from err
+        if not code_dir.is_dir():
+            raise ValueError(
+                f"cannot import the checkpoint's trial class {spec!r} ({err}); pass trial_class=..."
+            ) from err
+        try:
+            with import_from_path(code_dir):
+                obj = _resolve(module_name, qualname)
+        except (ImportError, AttributeError) as err2:
+            raise ValueError(f"cannot import the checkpoint's trial class {spec!r}, not even from {code_dir} "
+                             f"({err2}); pass trial_class=...") from err2
     if not (isinstance(obj, type) and issubclass(obj, PyTorchTrial)):
         raise TypeError(f"{spec!r} is not a PyTorchTrial subclass")
+    return obj
+
+
+def _resolve(module_name: str, qualname: str) -> Any:
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
     return obj
