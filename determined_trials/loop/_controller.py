@@ -9,7 +9,7 @@ import dataclasses
 import enum
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -148,6 +148,8 @@ class Controller:
         if self._state.last_validation != self._state.batches_trained:
             self._validate()
         self._checkpoint_if_needed()
+        if self._settings.max_length is not None and not self._settings.test_mode:
+            self._complete_reached_operations(shape)
         return ExitReason.COMPLETED
 
     def _workload(self, schedule: Schedule, target: int) -> bool:
@@ -284,6 +286,23 @@ class Controller:
         if self._dist.get_size() > 1 and not sharded:
             storage_id = self._dist.broadcast(storage_id)
         self._hooks.call("on_checkpoint_upload_end", storage_id)
+
+    def _complete_reached_operations(self, shape: DataShape) -> None:
+        """``fit(max_length=...)`` under a searcher: the operations the run trained through are
+        completed with the last validation's searcher metric (Determined's searcher reads that)."""
+        metric = self._settings.searcher_metric
+        if metric is None or metric not in self._last_validation:
+            return
+        units = self._core.searcher.get_configured_units()
+        operations = self._core.searcher.operations()
+        for op in operations:
+            length = unit_from_length(op.length, units.name.lower() if units else None)
+            if self._to_batches(length, shape) > self._state.batches_trained:
+                break
+            if self._is_chief:
+                op.report_completed(_searcher_value(self._last_validation, metric))
+        if isinstance(operations, Generator):
+            operations.close()  # an operation not reached stays open for the searcher
 
     def _complete_operation(self, op: SearcherOperation) -> None:
         if self._state.last_validation != self._state.batches_trained:
