@@ -17,33 +17,33 @@ LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 def import_from_path(path: str | os.PathLike[str]) -> Iterator[None]:
     """Import modules from the folder ``path`` inside the ``with`` block, e.g. a checkpoint's ``code/``.
 
-    Modules imported inside are forgotten afterwards (``sys.modules`` is put back), so a
-    ``model_def`` of a checkpoint does not replace, or get replaced by, the one already imported.
+    The folder's modules are forgotten afterwards and same-named modules imported before are put
+    back, so a checkpoint's ``model_def`` does not replace, or get replaced by, the one in use.
+    Other modules first imported inside the block (libraries) stay imported.
     """
-    folder = os.fspath(path)
+    folder = os.path.abspath(os.fspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"import_from_path: {folder!r} is not a folder")
-    saved_modules = dict(sys.modules)
+    hidden = {name: module for name, module in sys.modules.items() if _shadowed_by(name, module, folder)}
+    for name in hidden:
+        del sys.modules[name]  # else `import model_def` would return the one imported before
     saved_path = list(sys.path)
-    for name in [n for n in sys.modules if _module_from(sys.modules[n], folder) is False]:
-        sys.modules.pop(name)  # same-named modules from elsewhere would shadow the folder's
     sys.path.insert(0, folder)
     try:
         yield
     finally:
         sys.path[:] = saved_path
-        sys.modules.clear()
-        sys.modules.update(saved_modules)
+        for name in [n for n, m in sys.modules.items() if _inside(getattr(m, "__file__", None), folder)]:
+            del sys.modules[name]
+        sys.modules.update(hidden)
 
 
-def _module_from(module: object, folder: str) -> bool | None:
-    """Whether ``module`` is a top-level file module whose name also exists in ``folder`` (False: it
-    is from elsewhere and must be hidden), else None."""
-    name = getattr(module, "__name__", "")
-    file = getattr(module, "__file__", None)
-    if not file or "." in name:
-        return None
-    candidates = (os.path.join(folder, f"{name}.py"), os.path.join(folder, name, "__init__.py"))
-    if not any(os.path.exists(c) for c in candidates):
-        return None
-    return os.path.abspath(file) in {os.path.abspath(c) for c in candidates} or False
+def _inside(file: str | None, folder: str) -> bool:
+    return bool(file) and os.path.abspath(str(file)).startswith(folder + os.sep)
+
+
+def _shadowed_by(name: str, module: object, folder: str) -> bool:
+    """A module imported from elsewhere whose top-level name is also a module of ``folder``."""
+    top = name.partition(".")[0]
+    exists = os.path.exists(os.path.join(folder, f"{top}.py")) or os.path.isdir(os.path.join(folder, top))
+    return exists and not _inside(getattr(module, "__file__", None), folder)

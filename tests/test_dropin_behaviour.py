@@ -180,3 +180,33 @@ def test_batch_metrics_only_for_a_callback_that_asks(tmp_path: Path, wants: bool
     losses = [entry["loss"] for entry in trial.log]
     assert [[b["loss"] for b in workload] for workload in got] == [pytest.approx(losses[:2]),
                                                                     pytest.approx(losses[2:])]
+
+
+def test_batch_metrics_average_over_the_ranks_that_trained_each_batch() -> None:
+    from determined_trials.pytorch._adapter import _average_batches
+
+    per_rank = [[{"loss": 1.0, "tag": "a"}, {"loss": 3.0, "tag": "a"}], [{"loss": 2.0, "tag": "b"}]]
+    assert _average_batches(per_rank) == [{"loss": 1.5, "tag": "a"}, {"loss": 3.0, "tag": "a"}]
+    assert _average_batches([[], []]) == []
+
+
+# -- item 12: the page's commands exist ----------------------------------------------------------------------
+
+
+def test_every_det_trials_command_on_the_page_exists(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/coming-from-determined.md names only det-trials commands that exist."""
+    import re
+
+    from determined_trials.cli.main import main
+
+    page = (Path(__file__).parents[1] / "docs" / "coming-from-determined.md").read_text()
+    commands = set(re.findall(r"`det-trials ([a-z]+)(?: ([a-z]+))?", page))
+    assert {("experiment", "create"), ("experiment", "continue"), ("trial", "logs"), ("checkpoint", "export"),
+            ("tensorboard", "")} <= commands
+    for group, sub in sorted(commands):
+        try:
+            status = main([group, *([sub] if sub else []), "--help"])
+        except SystemExit as done:
+            status = done.code
+        assert status == 0, (group, sub)
+        assert f"usage: det-trials {group} {sub}".strip() in capsys.readouterr().out

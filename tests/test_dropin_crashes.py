@@ -263,3 +263,24 @@ def test_determined_keys_with_values_are_warned_about_and_typos_still_fail() -> 
     assert parsed.searcher.max_trials == 4
     with pytest.raises(ConfigError, match="source_trial_idd"):
         load_config({"searcher": {"name": "single", "metric": "loss", "source_trial_idd": 7}})
+
+
+def test_import_from_path_keeps_libraries_and_restores_shadowed_modules(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "dropin_shadow.py").write_text("WHERE = 'own'\n")
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "dropin_shadow.py").write_text("import dropin_lib\nWHERE = 'code'\n")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "dropin_lib.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    monkeypatch.syspath_prepend(str(tmp_path / "own"))
+    import dropin_shadow as own
+
+    with det.import_from_path(tmp_path / "code"):
+        import dropin_shadow as from_code
+    assert (own.WHERE, from_code.WHERE) == ("own", "code")
+    assert sys.modules["dropin_shadow"] is own  # the module in use is back
+    assert "dropin_lib" in sys.modules  # a library the folder's code imported stays imported
+    for name in ("dropin_shadow", "dropin_lib"):
+        monkeypatch.delitem(sys.modules, name)
