@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -99,7 +100,8 @@ class MLPTrial(det_keras.TFKerasTrial):
 
     def build_model(self) -> Any:
         model = keras.Sequential([
-            keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dropout(0.3),
+            keras.Input((4,)), keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dropout(self.context.get_hparams().get("dropout", 0.3)),
             keras.layers.Dense(3),
         ])
         model = self.context.wrap_model(model)
@@ -120,8 +122,27 @@ class MLPTrial(det_keras.TFKerasTrial):
         return self._data(1)
 
     def keras_callbacks(self) -> list[Any]:
-        stop_at = self.context.get_hparams().get("stop_at")
-        return [_StopAt(self.context, stop_at)] if stop_at else []
+        hparams = self.context.get_hparams()
+        stop_at = hparams.get("stop_at")
+        probe = [_Probe(self.context)] if "sleep" in hparams or "fail_at" in hparams else []
+        return probe + ([_StopAt(self.context, stop_at)] if stop_at else [])
+
+
+class _Probe(keras.callbacks.Callback):  # type: ignore[misc]
+    """For launcher tests: say each trained batch, sleep, and fail on request (hparams sleep, fail_rank, fail_at)."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__()
+        self.context, self.seen = context, 0
+        self.rank = context.distributed.get_rank()
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.seen += 1
+        hparams = self.context.get_hparams()
+        print(f"rank {self.rank} trained a batch", flush=True)
+        if self.rank == hparams.get("fail_rank") and self.seen == hparams.get("fail_at"):
+            raise RuntimeError(f"boom on rank {self.rank}")
+        time.sleep(float(hparams.get("sleep", 0.0)))
 
 
 class _StopAt(keras.callbacks.Callback):  # type: ignore[misc]
