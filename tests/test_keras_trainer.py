@@ -211,3 +211,45 @@ def test_session_config_is_ignored_with_one_warning(tmp_path: Path) -> None:
             warnings.simplefilter("always")
             det_keras.Trainer(WithSession(context), context)
     assert [str(w.message) for w in caught if "session_config" in str(w.message)]
+
+
+def _plain_fit(core_context: Any, epochs: int, checkpoint: str | None, continue_id: str) -> tuple[Any, list[int]]:
+    from tests.keras_trials import blobs
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)])
+    model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    epochs_run: list[int] = []
+    seen = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs_run.append(epoch))
+    x, y = blobs()
+    model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, validation_data=blobs(seed=1), verbose=0,
+              callbacks=[det_keras.DeterminedCallback(core_context, checkpoint, continue_id), seen])
+    return model, epochs_run
+
+
+def test_determined_callback_reports_checkpoints_and_continues_at_the_next_epoch(tmp_path: Path) -> None:
+    import determined_trials as det
+    from determined_trials.core import LocalStore
+
+    with det.core.init(run_dir=tmp_path / "whole") as core_context:
+        whole, _ = _plain_fit(core_context, 5, None, "a")
+        trial_id = core_context.info.trial.trial_id
+    store = LocalStore(tmp_path / "whole")
+    try:
+        training = store.metrics(trial_id=trial_id, group="training")
+        validation = store.metrics(trial_id=trial_id, group="validation")
+        assert [r.metrics["epochs"] for r in training] == [1, 2, 3, 4, 5]
+        assert [r.steps_completed for r in validation] == [6, 12, 18, 24, 30]
+        assert "val_accuracy" in validation[-1].metrics and "val_loss" not in training[-1].metrics
+        assert len(store.checkpoints()) == 5
+    finally:
+        store.close()
+    with det.core.init(run_dir=tmp_path / "parts") as core_context:
+        _plain_fit(core_context, 3, None, "b")
+        uuid = _latest(tmp_path / "parts")
+        resumed, epochs_run = _plain_fit(core_context, 5, uuid, "b")
+        assert epochs_run == [3, 4]
+        assert all(np.array_equal(a, b) for a, b in zip(_weights(whole), _weights(resumed)))
+        _, warm_epochs = _plain_fit(core_context, 2, uuid, "another run")
+        assert warm_epochs == [0, 1]  # another continue_id: the weights are a warm start

@@ -7,6 +7,7 @@ require_tensorflow_backend()
 
 from determined_trials.keras import callbacks  # noqa: E402
 from determined_trials.keras._context import TFKerasTrialContext  # noqa: E402
+from determined_trials.keras._determined_callback import DeterminedCallback  # noqa: E402
 from determined_trials.keras._load import load_model_from_checkpoint_path  # noqa: E402
 from determined_trials.keras._trainer import Trainer, init  # noqa: E402
 from determined_trials.keras._trial import TFKerasTrial  # noqa: E402
@@ -15,6 +16,7 @@ from determined_trials.loop import Batch, Epoch, Record, TrainUnit  # noqa: E402
 
 __all__ = [
     "Batch",
+    "DeterminedCallback",
     "Epoch",
     "Record",
     "TFKerasTrial",
