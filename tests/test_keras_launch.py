@@ -124,3 +124,18 @@ def test_torch_distributed_hands_a_multi_slot_keras_trial_to_the_tensorflow_laun
     _completed(launch)
     assert "MultiWorkerMirroredStrategy" in launch.output and "[rank=1]" in launch.output
 
+
+
+def test_iris_example_runs_through_experiment_create(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "iris_keras"
+    config = tmp_path / "short.yaml"
+    config.write_text((example / "const.yaml").read_text().replace("epochs: 30", "epochs: 2"))
+    cmd = [sys.executable, "-m", "determined_trials.cli.main", "--run-dir", str(tmp_path / "run"), "experiment",
+           "create", "--no-progress", str(config), str(example)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "COMPLETED" in out.stdout and "val_accuracy" in out.stdout
+    assert list((tmp_path / "run").rglob("model.keras"))

@@ -253,3 +253,79 @@ def test_determined_callback_reports_checkpoints_and_continues_at_the_next_epoch
         assert all(np.array_equal(a, b) for a, b in zip(_weights(whole), _weights(resumed)))
         _, warm_epochs = _plain_fit(core_context, 2, uuid, "another run")
         assert warm_epochs == [0, 1]  # another continue_id: the weights are a warm start
+
+
+class _Workloads(det_keras.callbacks.Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, int]] = []
+        self.restored: Any = None
+
+    def on_train_workload_begin(self, total_batches_trained: int, batches_requested: int, logs: Any) -> None:
+        self.events.append(("begin", total_batches_trained))
+
+    def on_train_workload_end(self, total_batches_trained: int, logs: Any) -> None:
+        assert "loss" in logs
+        self.events.append(("end", total_batches_trained))
+
+    def on_checkpoint_end(self, checkpoint_dir: str) -> None:
+        assert Path(checkpoint_dir, "model.weights.h5").exists()
+        self.events.append(("checkpoint", self.events[-1][1]))
+
+    def get_state(self) -> Any:
+        return {"events": len(self.events)}
+
+    def load_state(self, state: Any) -> None:
+        self.restored = state
+
+
+class _WithDetCallbacks(MLPTrial):
+    def keras_callbacks(self) -> list[Any]:
+        self.workloads = _Workloads()
+        self.early = det_keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=10.0)
+        return [self.workloads, self.early]
+
+
+def test_det_callbacks_see_workloads_checkpoints_and_early_stopping_resumes(tmp_path: Path) -> None:
+    trial, _, trainer = _fit(_WithDetCallbacks, tmp_path, {"global_batch_size": 16}, max_length=det_keras.Batch(30),
+                             validation_period=det_keras.Batch(4), reporting_period=det_keras.Batch(2))
+    # min_delta=10: the second validation is no improvement, patience 0 -> stop after batch 8
+    assert trainer.exit_reason is ExitReason.STOPPED
+    assert trial.workloads.events[:4] == [("begin", 0), ("end", 2), ("begin", 2), ("end", 4)]
+    assert trial.workloads.events[-2:] == [("end", 8), ("checkpoint", 8)]
+    assert trial.early.get_state()["validations"] == 2
+    resumed, _, again = _fit(_WithDetCallbacks, tmp_path, {"global_batch_size": 16}, max_length=det_keras.Batch(30),
+                             validation_period=det_keras.Batch(4), latest_checkpoint=_latest(tmp_path))
+    assert resumed.workloads.restored == {"events": len(trial.workloads.events) - 1}  # saved before its own event
+    assert resumed.early.get_state()["validations"] >= 3  # counting went on from the checkpoint's 2
+    assert again.exit_reason is ExitReason.STOPPED
+
+
+class _TFDataTrial(MLPTrial):
+    def build_training_data_loader(self) -> Any:
+        import tensorflow as tf
+
+        x, y = super().build_training_data_loader()
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(96, seed=1).batch(16)
+        return self.context.wrap_dataset(ds)
+
+
+def test_wrapped_tf_data_trains_in_epochs_and_resumes_exactly(tmp_path: Path) -> None:
+    hp = {"global_batch_size": 16, "dropout": 0.0}
+    _, whole, _ = _fit(_TFDataTrial, tmp_path / "whole", hp, max_length=det_keras.Epoch(2))
+    assert int(whole.models[0].optimizer.iterations) == 12  # 96 records / 16 per batch = 6 batches per epoch
+    _, _, first = _fit(_TFDataTrial, tmp_path / "parts", {**hp, "stop_at": 8}, max_length=det_keras.Epoch(2))
+    assert first.exit_reason is ExitReason.STOPPED
+    _, resumed, _ = _fit(_TFDataTrial, tmp_path / "parts", hp, max_length=det_keras.Epoch(2),
+                         latest_checkpoint=_latest(tmp_path / "parts"))
+    assert all(np.array_equal(a, b) for a, b in zip(_weights(whole.models[0]), _weights(resumed.models[0])))
+
+
+def test_from_config_gives_a_context_for_debugging_with_plain_keras() -> None:
+    context = det_keras.TFKerasTrialContext.from_config({"hyperparameters": {"global_batch_size": 16,
+                                                                               "data": "pydataset"}})
+    trial = MLPTrial(context)
+    model = trial.build_model()
+    history = model.fit(trial.build_training_data_loader(), epochs=1, verbose=0)
+    assert len(history.history["loss"]) == 1
+    assert "accuracy" in model.evaluate(trial.build_validation_data_loader(), verbose=0, return_dict=True)

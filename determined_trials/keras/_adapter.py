@@ -140,6 +140,8 @@ class KerasAdapter:
         result = self._average_over_workers(_to_python(self.model.get_metrics_result()), float(records))
         self.model.reset_metrics()
         cbs.list.on_test_end(result)
+        if self.model.stop_training:  # e.g. EarlyStopping: honoured right after this validation
+            self._context.set_stop_requested(True)
         self._last_validation = {f"val_{k}": v for k, v in result.items()}
         return dict(self._last_validation)
 
