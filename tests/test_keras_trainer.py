@@ -329,3 +329,18 @@ def test_from_config_gives_a_context_for_debugging_with_plain_keras() -> None:
     history = model.fit(trial.build_training_data_loader(), epochs=1, verbose=0)
     assert len(history.history["loss"]) == 1
     assert "accuracy" in model.evaluate(trial.build_validation_data_loader(), verbose=0, return_dict=True)
+
+
+class _WithTensorBoard(MLPTrial):
+    def keras_callbacks(self) -> list[Any]:
+        return [det_keras.TensorBoard(self.context, update_freq="epoch"),
+                det_keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.5, patience=0, min_delta=10.0)]
+
+
+def test_tensorboard_writes_into_the_trial_folder_and_reduce_lr_acts_on_validations(tmp_path: Path) -> None:
+    _, context, _ = _fit(_WithTensorBoard, tmp_path, {"global_batch_size": 16}, max_length=det_keras.Epoch(2),
+                         validation_period=det_keras.Epoch(1))
+    folder = Path(context._core.train.get_tensorboard_path())
+    assert folder.is_relative_to(tmp_path) and list(folder.rglob("events.out.tfevents.*"))
+    # the first validation improves on "no best yet"; the second does not by min_delta=10: the LR halves once
+    assert float(context.models[0].optimizer.learning_rate) == pytest.approx(0.01 * 0.5)

@@ -142,7 +142,7 @@ class TFDataSource(DataSource):
         return _as_tuple(next(iter(self._ds.take(1))))
 
     def batches(self, start: int) -> Iterator[Any]:
-        ds = self._ds.take(self.epoch_len).repeat() if self.epoch_len else self._ds
+        ds = self._ds.take(self.epoch_len).repeat() if self.epoch_len else self._ds.repeat()  # never runs dry
         for batch in ds.skip(start):
             yield _as_tuple(batch)
 

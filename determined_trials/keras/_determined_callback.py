@@ -117,7 +117,7 @@ class DeterminedCallback(_KerasCallback):
 
     def _report(self, group: str, logs: dict[str, Any]) -> None:
         metrics = {k: _number(v) for k, v in logs.items() if k not in ("batch", "size")}
-        metrics.setdefault("epochs", self._epoch + 1 if group == "validation" else max(self._epoch + 1, 0))
+        metrics.setdefault("epochs", self._epoch + 1)  # epochs finished (0 before the first one ends)
         metrics.setdefault("batches", self.steps_completed)
         if group == "training":
             self._core.train.report_training_metrics(steps_completed=self.steps_completed, metrics=metrics)
