@@ -344,3 +344,21 @@ def test_tensorboard_writes_into_the_trial_folder_and_reduce_lr_acts_on_validati
     assert folder.is_relative_to(tmp_path) and list(folder.rglob("events.out.tfevents.*"))
     # the first validation improves on "no best yet"; the second does not by min_delta=10: the LR halves once
     assert float(context.models[0].optimizer.learning_rate) == pytest.approx(0.01 * 0.5)
+
+
+class _ZeroClassWeights(MLPTrial):
+    def build_model(self) -> Any:
+        model = super().build_model()
+        self.initial = [np.array(w) for w in model.get_weights()]
+        self.context.configure_fit(class_weight={0: 0.0, 1: 0.0, 2: 0.0}, validation_steps=1)
+        return model
+
+
+def test_configure_fit_class_weight_weights_the_records(tmp_path: Path) -> None:
+    trial, context, _ = _fit(_ZeroClassWeights, tmp_path, {"global_batch_size": 16, "dropout": 0.0},
+                             max_length=det_keras.Batch(3))
+    assert all(np.array_equal(a, b) for a, b in zip(trial.initial, context.models[0].get_weights()))
+    with pytest.raises(TypeError, match="class_weight"):
+        context.configure_fit(class_weight=[1.0, 2.0])
+    with pytest.raises(ValueError, match="validation_steps"):
+        context.configure_fit(validation_steps=0)
