@@ -51,3 +51,17 @@ lint: venv
 
 clean:
 	rm -rf $(VENV) det-runs
+
+.PHONY: example-keras benchmark-keras
+KERAS_EXAMPLE_RUN_DIR := det-runs/iris_keras
+
+# The TFKerasTrial example: iris with Keras 3 through `det-trials experiment create`, then its metrics.
+example-keras: venv
+	rm -rf $(KERAS_EXAMPLE_RUN_DIR)
+	$(BIN)/det-trials --run-dir $(KERAS_EXAMPLE_RUN_DIR) experiment create --no-progress \
+		examples/iris_keras/const.yaml examples/iris_keras
+	$(BIN)/det-trials --run-dir $(KERAS_EXAMPLE_RUN_DIR) trial metrics 1 --group validation
+
+# Trainer.fit of a TFKerasTrial against plain model.fit (same model, data and steps; one process).
+benchmark-keras: venv
+	$(BIN)/python benchmarks/keras_overhead.py

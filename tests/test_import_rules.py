@@ -38,3 +38,18 @@ def test_using_the_core_api_pulls_in_no_framework(tmp_path: object) -> None:
             ctx.preempt.should_preempt()
     """)
     assert not {m.split(".")[0] for m in loaded} & set(FRAMEWORKS)
+
+
+def test_pytorch_pulls_in_no_tensorflow() -> None:
+    loaded = {m.split(".")[0] for m in _modules_after("import determined_trials.pytorch, determined_trials.launch")}
+    assert not loaded & {"tensorflow", "keras"}
+
+
+def test_keras_with_another_backend_names_keras_backend() -> None:
+    import os
+
+    env = {**os.environ, "KERAS_BACKEND": "jax"}
+    out = subprocess.run([sys.executable, "-c", "import determined_trials.keras"], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode != 0
+    assert "KERAS_BACKEND='jax'" in out.stderr and "ImportError" in out.stderr

@@ -9,12 +9,16 @@ import importlib
 import importlib.util
 import inspect
 import os
+import subprocess
 import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["FAMILY_LAUNCHERS", "TrialSpec", "TrialSpecError", "import_trial_class", "parse_trial_spec", "trial_family"]
+__all__ = [
+    "FAMILY_LAUNCHERS", "TrialSpec", "TrialSpecError", "family_launcher", "import_trial_class", "parse_trial_spec",
+    "trial_family",
+]
 
 # trial base class name -> the launcher that runs it
 FAMILY_LAUNCHERS = {
@@ -146,6 +150,19 @@ def trial_family(cls: type) -> str | None:
     return None
 
 
+def family_launcher(spec_text: str | None, context_dir: str | os.PathLike[str], current: str) -> str | None:
+    """The launcher module for the ``--trial`` class's family when it is not ``current`` (a launcher's
+    name, e.g. "torch_distributed"); None for a script, the same launcher or a class that does not load
+    (the harness reports that). The trial module is imported in a child process: a launcher must not
+    hold framework threads when it forks its workers."""
+    if spec_text is None:
+        return None
+    probe = [sys.executable, "-m", "determined_trials.launch._trial_spec", spec_text, str(context_dir)]
+    out = subprocess.run(probe, capture_output=True, text=True, timeout=300, check=False)
+    launcher = FAMILY_LAUNCHERS.get(out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "")
+    return launcher if launcher is not None and launcher.rsplit(".", 1)[-1] != current else None
+
+
 def _trial_classes(module: ModuleType) -> list[str]:
     classes = [
         name for name, value in vars(module).items()
@@ -165,3 +182,10 @@ def _missing_class(spec: TrialSpec, module: ModuleType, missing: str) -> str:
     close = difflib.get_close_matches(spec.class_path, _trial_classes(module), n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return f"--trial {spec.text!r}: {spec.where} has no {missing!r}{_available(module)}.{hint}"
+
+
+if __name__ == "__main__":  # print the family of a spec's class (used by family_launcher)
+    try:
+        print(trial_family(import_trial_class(parse_trial_spec(sys.argv[1], sys.argv[2]))) or "")
+    except TrialSpecError:
+        print("")

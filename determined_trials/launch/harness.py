@@ -1,5 +1,5 @@
-"""``python -m determined_trials.launch.harness --trial FILEPATH:ClassName``: train one PyTorchTrial on
-this process, with the experiment configuration's periods, under whatever launcher started it.
+"""``python -m determined_trials.launch.harness --trial FILEPATH:ClassName``: train one PyTorchTrial (or
+TFKerasTrial) on this process, with the experiment configuration's periods, under whatever launcher started it.
 
 Options: ``--config PATH`` (else ``$DET_EXPERIMENT_CONFIG``, else the launcher's cluster info),
 ``--context-dir DIR`` (where the trial file lives; default: the working directory),
@@ -12,6 +12,7 @@ a launcher, which reads the ``preempted`` marker); 2 for a spec or config proble
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import logging
 import os
@@ -44,6 +45,8 @@ LATEST_CHECKPOINT_ENV = "DET_LATEST_CHECKPOINT"
 USAGE_EXIT_CODE = 2
 _PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 logger = logging.getLogger("determined_trials.launch")
+# trial family -> module with check_trial(cls) and train(cls, config, fit_arguments, on_ready); PyTorchTrial is below
+_FAMILY_TRAINERS = {"TFKerasTrial": "determined_trials.keras._harness"}
 
 
 class HarnessError(Exception):
@@ -90,6 +93,12 @@ def load_pytorch_trial(spec_text: str, context_dir: str | os.PathLike[str] = "."
 def _check_pytorch_trial(cls: type, spec: TrialSpec) -> None:
     family = trial_family(cls)
     name = f"{cls.__name__!r} in {spec.where}"
+    if family in _FAMILY_TRAINERS:
+        try:
+            importlib.import_module(_FAMILY_TRAINERS[family]).check_trial(cls)
+        except TypeError as exc:
+            raise TrialSpecError(f"--trial {spec.text!r}: {exc}") from None
+        return
     if family is None:
         bases = ", ".join(base.__name__ for base in cls.__bases__)
         raise TrialSpecError(f"--trial {spec.text!r}: {name} is not a trial class (its bases: {bases}); "
@@ -200,15 +209,22 @@ def _configure_logging(debug: bool) -> None:
 
 
 def _train(trial_cls: type, config: Any, latest_checkpoint: str | None, early: _EarlySignals) -> int:
-    from determined_trials import pytorch
     from determined_trials.loop import ExitReason
 
-    trainer = None
-    with pytorch.init(exp_conf=config) as context:  # swallows InvalidHP: the trial ends early, as a success
-        early.hand_over()
-        trainer = pytorch.Trainer(trial_cls(context), context)
-        trainer.fit(**_fit_arguments(config, latest_checkpoint))
-    if trainer is None or trainer.exit_reason is not ExitReason.PREEMPTED:
+    family = trial_family(trial_cls)
+    if family in _FAMILY_TRAINERS:
+        train = importlib.import_module(_FAMILY_TRAINERS[family]).train
+        exit_reason = train(trial_cls, config, _fit_arguments(config, latest_checkpoint), early.hand_over)
+    else:
+        from determined_trials import pytorch
+
+        trainer = None
+        with pytorch.init(exp_conf=config) as context:  # swallows InvalidHP: the trial ends early, as a success
+            early.hand_over()
+            trainer = pytorch.Trainer(trial_cls(context), context)
+            trainer.fit(**_fit_arguments(config, latest_checkpoint))
+        exit_reason = None if trainer is None else trainer.exit_reason
+    if exit_reason is not ExitReason.PREEMPTED:
         return 0
     folder = launch_dir()
     if folder is None:

@@ -12,6 +12,7 @@ usage, config or spec problem.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import sys
@@ -25,10 +26,10 @@ from determined_trials.launch import _args
 from determined_trials.launch._launch_dir import LAUNCH_DIR_ENV
 from determined_trials.launch._procs import free_port
 from determined_trials.launch._supervise import Supervisor
-from determined_trials.launch._trial_spec import TrialSpecError, parse_trial_spec
+from determined_trials.launch._trial_spec import TrialSpecError, family_launcher, parse_trial_spec
 from determined_trials.launch.harness import CONFIG_ENV, LATEST_CHECKPOINT_ENV, HarnessError, resolve_latest_checkpoint
 
-__all__ = ["build_command", "main"]
+__all__ = ["build_command", "main", "run_launcher"]
 
 NAME = "torch_distributed"
 DEFAULT_C10D_PORT = 29400
@@ -117,6 +118,7 @@ def _environment(args: _args.LaunchArgs, additions: dict[str, str], folder: Path
     env.update(additions)
     env[LAUNCH_DIR_ENV] = str(folder)
     env.setdefault("PYTHONUNBUFFERED", "1")  # workers' lines reach wrap_rank as they are written
+    env = {k: v for k, v in env.items() if v or k not in additions}  # an empty addition removes the variable
     if args.config:
         env[CONFIG_ENV] = str(Path(args.config).resolve())
     if args.latest_checkpoint:
@@ -128,26 +130,39 @@ def _environment(args: _args.LaunchArgs, additions: dict[str, str], folder: Path
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the launcher command line (default: ``sys.argv[1:]``); returns the exit status."""
+    return run_launcher(sys.argv[1:] if argv is None else argv, NAME, "torchrun", build_command, __doc__ or "")
+
+
+def run_launcher(argv: Sequence[str], name: str, engine: str, build: Any, usage: str) -> int:
+    """Parse, build the command with ``build(args, config)``, supervise it; a ``--trial`` of another family
+    on several slots is handed to that family's launcher."""
     try:
-        args = _args.parse(sys.argv[1:] if argv is None else argv)
+        args = _args.parse(argv, engine=engine)
         if args.help:
-            print(__doc__)
+            print(usage)
             return 0
         if args.trial is not None:
             parse_trial_spec(args.trial, args.context_dir or ".")
         config = _load_config(args)
-        cmd, additions = build_command(args, config)
+        other = family_launcher(args.trial, args.context_dir or ".", name) if _slots(config) > 1 else None
+        if other is not None:
+            return int(importlib.import_module(other).main(list(argv)))
+        cmd, additions = build(args, config)
         folder = Path(tempfile.mkdtemp(prefix="det-launch-"))
         try:
             env = _environment(args, additions, folder)
-            supervisor = Supervisor(cmd, env, folder, name=NAME, wait_ready=args.trial is not None,
+            supervisor = Supervisor(cmd, env, folder, name=name, wait_ready=args.trial is not None,
                                     fail_grace=args.fail_grace)
             return supervisor.run()
         finally:
             shutil.rmtree(folder, ignore_errors=True)
     except (_args.LaunchError, TrialSpecError, HarnessError) as exc:
-        print(f"{NAME}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _slots(config: Any) -> int:
+    return int(config.resources.slots_per_trial) if config is not None else 1
 
 
 if __name__ == "__main__":

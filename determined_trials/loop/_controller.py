@@ -166,6 +166,8 @@ class Controller:
             return True
         if Boundary.VALIDATE in fired and state.last_validation != state.batches_trained:
             self._validate()
+            if self._should_stop():  # a stop asked for while validating (e.g. early stopping) is honoured now
+                return True
         if Boundary.CHECKPOINT in fired:
             self._checkpoint_if_needed()
         return False
