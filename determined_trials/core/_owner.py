@@ -31,8 +31,8 @@ def owner_alive(pid: int, started: float) -> bool:
 
 
 def release_dead_owners(store: LocalStore) -> list[int]:
-    """Mark ACTIVE experiments whose owner died, and their ACTIVE trials, PAUSED (resumable: from
-    their latest checkpoints); returns their ids."""
+    """Mark ACTIVE experiments whose owner died, and their unfinished trials, PAUSED (resumable:
+    from their latest checkpoints); returns their ids."""
     released = []
     for exp in store.experiments():
         owner = store.experiment_owner(exp.id) if exp.state == "ACTIVE" else None
@@ -43,8 +43,11 @@ def release_dead_owners(store: LocalStore) -> list[int]:
         else:
             how = 'resume it with Trainer.fit(latest_checkpoint="latest") (or core.checkpoint.restore_path)'
         reason = f"its process (pid {owner[0]}) ended without recording an end (killed?); {how}"
+        queued = {w.get("trial_id") for w in (exp.searcher_state or {}).get("queue", [])}
         for trial in store.trials(exp.id):
-            if trial.state == "ACTIVE":
+            # ACTIVE ones, and those the runner would start again (a trial that lost its runner
+            # mid-write may have recorded its own ERROR: the runner had not counted it)
+            if trial.state == "ACTIVE" or trial.id in queued:
                 store.set_trial_state(trial.id, "PAUSED", reason)
         store.set_experiment_state(exp.id, "PAUSED", reason)
         released.append(exp.id)
