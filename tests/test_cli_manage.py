@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from _experiment_helpers import create, make_context
+from _experiment_helpers import create, make_context, start_runner
 
 from determined_trials import __version__
 from determined_trials.cli.main import main
@@ -72,13 +71,7 @@ def _start_runner(tmp_path: Path, steps: int) -> tuple[subprocess.Popen[bytes], 
     config, ctx = make_context(tmp_path, {"sleep": 0.1, "ckpt_every": 2},
                                searcher={"name": "single", "metric": "loss", "max_length": steps})
     runs = tmp_path / "runs"
-    with open(tmp_path / "create.out", "wb") as out:
-        proc = subprocess.Popen([*DET_TRIALS, "--run-dir", str(runs), "experiment", "create", str(config), str(ctx),
-                                 "--no-progress"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not (runs / "store.sqlite").exists() or not LocalStore(runs).checkpoints():
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "create.out").read_text()
-        time.sleep(0.05)
+    proc = start_runner(runs, config, ctx, tmp_path / "create.out")
     return proc, runs
 
 

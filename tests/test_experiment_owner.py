@@ -8,21 +8,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from _experiment_helpers import make_context
+from _experiment_helpers import make_context, start_runner
 
 from determined_trials.cli.main import main
 from determined_trials.config import load_config
 from determined_trials.core import LocalStore
 from determined_trials.core._owner import claim_experiment, owner_alive, release_dead_owners
 from determined_trials.experiment import _setup
-
-DET_TRIALS = [sys.executable, "-m", "determined_trials.cli.main"]
 
 
 def _dead_pid() -> tuple[int, float]:
@@ -58,15 +55,8 @@ def test_continue_after_the_runner_was_killed_with_sigkill(tmp_path: Path) -> No
     config, ctx = make_context(tmp_path, {"sleep": 0.05, "ckpt_every": 2}, searcher={
         "name": "single", "metric": "loss", "max_length": 12})
     run_dir = tmp_path / "runs"
-    with open(tmp_path / "create.out", "wb") as out:
-        proc = subprocess.Popen([*DET_TRIALS, "--run-dir", str(run_dir), "experiment", "create", str(config),
-                                 str(ctx), "--no-progress"], stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    proc = start_runner(run_dir, config, ctx, tmp_path / "create.out")
     try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "store.sqlite").exists() or not LocalStore(run_dir).checkpoints():
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "create.out").read_text()
-            time.sleep(0.05)
         children = psutil.Process(proc.pid).children(recursive=True)
         proc.kill()  # kill -9 the runner: it records nothing
         proc.wait(timeout=60)

@@ -16,7 +16,15 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from determined_trials.config._hparams import MAX_GRID_COUNT, MAX_GRID_POINTS, CategoricalHP, ConstHP, DoubleHP, IntHP, LogHP
+from determined_trials.config._hparams import (
+    MAX_GRID_COUNT,
+    MAX_GRID_POINTS,
+    CategoricalHP,
+    ConstHP,
+    DoubleHP,
+    IntHP,
+    LogHP,
+)
 from determined_trials.config._load import MAX_DEPTH, MAX_NODES
 from determined_trials.config._schema import ExperimentConfig
 from determined_trials.config._searcher import AdaptiveASHASearcher, GridSearcher, RandomSearcher, SingleSearcher
