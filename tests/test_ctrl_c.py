@@ -77,6 +77,8 @@ def test_ctrl_c_stops_with_a_checkpoint_and_latest_continues_the_trial(tmp_path:
     assert result["batches"] == list(range(4, 12))  # batch_idx is global: 4..11
     [again] = store.trials()  # the same trial went on: no second trial, no second experiment
     assert again.id == trial.id and again.state == "COMPLETED" and len(store.experiments()) == 1
+    owner = store.experiment_owner(again.experiment_id)  # the resuming run owned it, not the stopped one
+    assert owner is not None and owner[0] == proc.pid
     # one metrics history: the first run's reports, then the owed validation at 4 and the rest
     assert [m.steps_completed for m in store.metrics(trial.id, group="training")] == [2, 4, 6, 8, 10, 12]
     assert [m.steps_completed for m in store.metrics(trial.id, group="validation")] == [4, 8, 12]

@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from determined_trials._info import TrialInfo
+from determined_trials.core._owner import claim_experiment
 from determined_trials.core._store_records import NotFoundError
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ def resume_bare_trial(context: Context, storage_id: str) -> None:
             store.delete_experiment(mine.experiment_id)
             store.set_trial_state(adopted.trial_id, "ACTIVE")
             store.set_experiment_state(adopted.experiment_id, "ACTIVE")
+            claim_experiment(store, adopted.experiment_id)  # ours now, not the earlier (dead) run's
     if dist.get_size() > 1:
         adopted = dist.broadcast(adopted)
     if adopted is not None:
