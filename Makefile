@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv example example-trainer example-core test lint benchmark clean
+.PHONY: venv example example-trainer example-core test lint benchmark clean config-reference
 
 venv: $(STAMP)
 
@@ -65,3 +65,7 @@ example-keras: venv
 # Trainer.fit of a TFKerasTrial against plain model.fit (same model, data and steps; one process).
 benchmark-keras: venv
 	$(BIN)/python benchmarks/keras_overhead.py
+
+# Regenerate docs/config-reference.md from the config schema (tests/test_config_reference.py checks it).
+config-reference: venv
+	$(BIN)/python -m determined_trials.config._reference > docs/config-reference.md

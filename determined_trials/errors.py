@@ -1,6 +1,8 @@
 """The exceptions users see: invalid hyperparameters, bad configuration, failed collectives."""
 
-__all__ = ["CollectiveError", "ConfigError", "InvalidHP"]
+__all__ = ["PREEMPTED_EXIT_CODE", "CollectiveError", "ConfigError", "InvalidHP", "TrainingInterrupted"]
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped by a preemption, resumable from its checkpoint
 
 
 class InvalidHP(Exception):
@@ -16,3 +18,14 @@ class ConfigError(ValueError):
 
 class CollectiveError(RuntimeError):
     """A collective (gather, broadcast, ...) could not complete: a peer died, hung or diverged."""
+
+
+class TrainingInterrupted(SystemExit):
+    """Raised by ``Trainer.fit`` in a plain script after Ctrl-C stopped training with a checkpoint.
+
+    A script that lets it through exits with status 75 ("preempted, resumable") and no traceback;
+    the trial is recorded as PAUSED, not as an error.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(PREEMPTED_EXIT_CODE)

@@ -4,7 +4,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +18,7 @@ import yaml
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore
 
-__all__ = ["SCRIPT", "create", "final_states", "make_context"]
+__all__ = ["SCRIPT", "create", "final_states", "make_context", "start_runner"]
 
 SCRIPT = Path(__file__).with_name("_experiment_script.py")
 
@@ -47,3 +52,23 @@ def final_states(store: LocalStore, experiment_id: int) -> dict[int, dict[str, A
         assert latest is not None
         out[trial.id] = json.loads((store.path / "checkpoints" / latest.uuid / "state.json").read_text())
     return out
+
+
+def start_runner(run_dir: Path, config: Path, ctx: Path, out: Path) -> subprocess.Popen[bytes]:
+    """`det-trials experiment create` in a process (and session) of its own, its output in ``out``;
+    returns once trial 1 wrote a checkpoint."""
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "determined_trials.cli.main", "--run-dir", str(run_dir),
+                                 "experiment", "create", str(config), str(ctx), "--no-progress"],
+                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    try:
+        while not (run_dir / "store.sqlite").exists() or not LocalStore(run_dir).checkpoints():
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.05)
+    except BaseException:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        raise
+    return proc

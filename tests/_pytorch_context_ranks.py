@@ -15,10 +15,11 @@ CONFIG = {"searcher": {"name": "single", "metric": "loss", "max_length": 2},
           "optimizations": {"aggregation_frequency": 2}}
 
 
-def ddp_aggregation(dist: Any, port: int, run_dir: str) -> dict[str, Any]:
-    """Two batches, aggregation 2: batch 0 must not all-reduce, batch 1 steps with the average."""
+def ddp_aggregation(dist: Any, store_file: str, run_dir: str) -> dict[str, Any]:
+    """Two batches, aggregation 2: batch 0 must not all-reduce, batch 1 steps with the average.
+    The process group meets in a file of the test's own folder: no TCP port another job could take."""
     torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=dist.rank, world_size=dist.size
+        "gloo", init_method=f"file://{store_file}", rank=dist.rank, world_size=dist.size
     )
     try:
         with det.core.init(distributed=dist, run_dir=run_dir, config=CONFIG) as core:

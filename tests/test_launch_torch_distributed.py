@@ -248,7 +248,11 @@ def test_a_failing_worker_stops_the_job_within_seconds(
     assert ended - raised < 10, f"the launcher took {ended - raised:.1f} s to stop after the failure"
     summary = launch.output[launch.output.index("torch_distributed: rank 1 failed with exit code"):]
     assert f"rank 1 failed with exit code {returncode}" in summary
-    assert "its last lines:" in summary and "RuntimeError: boom in batch 3" in summary
+    assert "RuntimeError: boom in batch 3" in summary.splitlines()[0]  # one line: the traceback is not repeated
+    tracebacks = [line for line in launch.output.splitlines() if "Traceback (most recent call last)" in line]
+    assert [t for t in tracebacks if t.startswith("[rank=1]")] != [], launch.output
+    assert [t for t in tracebacks if not t.startswith("[rank=")] == [], launch.output  # not torchrun's
+    assert launch.output.count("boom in batch 3\n") == 1, launch.output  # rank 1's traceback, once
     assert max(launch.batches()[0]) < 10  # rank 0 did not train on
     _assert_nothing_left(launch, tmp_path)
 

@@ -259,7 +259,8 @@ def test_launcher_command_single_node(monkeypatch: pytest.MonkeyPatch) -> None:
     cmd, env = td.build_command(_args.parse(["--nproc_per_node", "3", "--", "--trial", "m.py:T"]), _config(2))
     text = " ".join(cmd)
     assert "-m torch.distributed.run --nnodes 1 --node_rank 0 --nproc_per_node 2 --max_restarts 0" in text
-    assert "--master_addr 127.0.0.1" in text and "--monitor_interval 0.1" in text
+    # one node: torchrun binds its own rendezvous port (no picked-then-released port two jobs could share)
+    assert "--max_restarts 0 --standalone --monitor_interval 0.1" in text and "--master_port" not in text
     assert text.index("--nproc_per_node 2") < text.index("--nproc_per_node 3") < text.index("--no-python")
     assert "determined_trials.launch.wrap_rank RANK -- " in text
     assert text.endswith("-m determined_trials.launch.harness --trial m.py:T")

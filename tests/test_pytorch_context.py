@@ -471,9 +471,9 @@ def test_set_profiler_writes_a_trace(make_ctx: Any) -> None:
 def test_ddp_aggregation_skips_sync_then_steps_with_the_global_average(tmp_path: Path) -> None:
     import _pytorch_context_ranks as ranks
 
-    from determined_trials.testing import free_port, run_ranks
+    from determined_trials.testing import run_ranks
 
-    results = run_ranks(ranks.ddp_aggregation, 2, args=(free_port(), str(tmp_path)), timeout=120)
+    results = run_ranks(ranks.ddp_aggregation, 2, args=(str(tmp_path / "pg-store"), str(tmp_path)), timeout=120)
     # local gradients after batch 0 stay unsynchronised (no_sync): rank 0 -4, rank 1 0
     assert [r["grads"][0] for r in results] == [-4.0, 0.0]
     assert all(r["stepped"] == [False, True] for r in results)

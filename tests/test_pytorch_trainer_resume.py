@@ -55,8 +55,9 @@ def _stop_and_resume(run_dir: Path, stop_after: int, workers: int) -> tuple[Resu
     second, trainer, info2 = fit(ResumeTrial, resume_config(workers), run_dir, latest_checkpoint=checkpoint.uuid,
                                  **FIT)
     assert trainer.exit_reason is not None and trainer.exit_reason.value == "completed"
-    # the same schedule: validations at 5, 10 and 15 across the two runs, none twice
-    validated = [m.steps_completed for m in info["validation"] + info2["validation"]]
+    # the resumed run continues the same trial: one history, validations at 5, 10 and 15, none twice
+    assert info2["trial_id"] == info["trial_id"]
+    validated = [m.steps_completed for m in info2["validation"]]
     assert validated == [5, 10, 15]
     return first, second, checkpoint
 

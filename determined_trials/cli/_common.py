@@ -26,6 +26,7 @@ RUN_DIR_ENV = "DET_RUN_DIR"
 DEFAULT_RUN_DIR = "det-runs"
 
 Handler = Callable[[argparse.Namespace], int]
+_ALIASES = {"experiment": ["e"], "trial": ["t"], "checkpoint": ["c"]}  # as Determined's `det e list`
 
 
 class CliError(Exception):
@@ -59,7 +60,7 @@ def add_group(
     help_text: str,
 ) -> argparse._SubParsersAction:
     """Add a command group (``experiment``, ``trial``, ...) whose subcommands come from ``add_command``."""
-    parser = commands.add_parser(name, help=help_text, description=help_text)
+    parser = commands.add_parser(name, help=help_text, description=help_text, aliases=_ALIASES.get(name, []))
     return parser.add_subparsers(dest=f"{name}_command", metavar="COMMAND", required=True)
 
 

@@ -39,7 +39,10 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from determined_trials.core._owner import release_dead_owners
+
     store = _common.open_store(args)
+    release_dead_owners(store)
     experiments = store.experiments()
     counts = Counter(t.experiment_id for t in store.trials())
     rows = [

@@ -6,16 +6,19 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from determined_trials.cli import _common
+from determined_trials.core._store import LocalStore
 
-__all__ = ["checkpoint_storage_for", "register", "trial_log_path"]
+__all__ = ["checkpoint_storage_for", "group_of", "register", "trial_log_path"]
 
 _EXIT = {"COMPLETED": 0, "ERROR": 1, "PAUSED": 75}
+_FOLLOW_POLL_S = 0.2
 
 
-def _group(commands: argparse._SubParsersAction, name: str) -> argparse._SubParsersAction:
+def group_of(commands: argparse._SubParsersAction, name: str) -> argparse._SubParsersAction:
     """The subcommands of an already registered group (``experiment``, ``trial``, ``checkpoint``)."""
     parser = commands.choices[name]
     for action in parser._actions:
@@ -26,7 +29,7 @@ def _group(commands: argparse._SubParsersAction, name: str) -> argparse._SubPars
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``experiment create|continue``, ``trial logs`` and ``checkpoint export``."""
-    experiment = _group(commands, "experiment")
+    experiment = group_of(commands, "experiment")
     create = _common.add_command(experiment, "create", _create, "create an experiment and run its trials")
     create.add_argument("config", metavar="CONFIG", help="experiment configuration (YAML)")
     create.add_argument("context_dir", metavar="CONTEXT_DIR", help="folder with the training code (snapshotted)")
@@ -38,10 +41,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         parser.add_argument("--max-parallel", type=int, default=None, metavar="N",
                             help="run up to N trials at once (default: 1, one after another)")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    logs = _common.add_command(_group(commands, "trial"), "logs", _logs, "print a trial's output")
+    logs = _common.add_command(group_of(commands, "trial"), "logs", _logs, "print a trial's output")
     logs.add_argument("trial_id", metavar="TRIAL_ID", type=int, help="trial id")
     logs.add_argument("--tail", type=int, default=None, metavar="N", help="only the last N lines")
-    export = _common.add_command(_group(commands, "checkpoint"), "export", _export,
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines while the trial runs")
+    export = _common.add_command(group_of(commands, "checkpoint"), "export", _export,
                                  "copy a checkpoint out of storage into a folder")
     export.add_argument("uuid", metavar="UUID", help="checkpoint uuid")
     export.add_argument("dest", metavar="DIR", help="destination folder (created; must be empty)")
@@ -102,11 +106,35 @@ def _logs(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise _common.CliError(f"trial {trial.id} has no log at {path}: only trials run by "
                                "`det-trials experiment create` keep one")
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    with open(path, "rb") as log:
+        data = log.read()
+    lines = data.decode("utf-8", errors="replace").splitlines(keepends=True)
     if args.tail is not None:
         lines = lines[-args.tail:] if args.tail > 0 else []
     sys.stdout.writelines(lines)
+    if args.follow:
+        _follow(store, trial.id, path, len(data))
     return 0
+
+
+def _follow(store: LocalStore, trial_id: int, path: Path, offset: int) -> None:
+    """Print what is appended to the log from ``offset`` on, until the trial stops running (or its
+    experiment's process is gone)."""
+    from determined_trials.core._owner import release_dead_owners
+
+    with open(path, "rb") as log:
+        log.seek(offset)
+        while True:
+            chunk = log.read()
+            if chunk:
+                sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+                sys.stdout.flush()
+                continue
+            release_dead_owners(store)
+            if store.trial(trial_id).state != "ACTIVE":
+                sys.stdout.write(log.read().decode("utf-8", errors="replace"))
+                return
+            time.sleep(_FOLLOW_POLL_S)
 
 
 def checkpoint_storage_for(store: object, uuid: str) -> object:

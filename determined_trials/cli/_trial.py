@@ -40,7 +40,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _trial_row(t: Trial) -> list[Any]:
-    status = t.status or ""
+    status = (t.status or "") if t.state == "ACTIVE" else ""  # what a running trial is doing, only
     if t.early_exit_reason:
         status = f"{status} [early exit: {t.early_exit_reason}]".strip()
     return [t.id, t.experiment_id, t.state, t.seed, t.progress, t.restarts, status,
@@ -53,7 +53,10 @@ def write_trial_table(out: TextIO, trials: Sequence[Trial]) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from determined_trials.core._owner import release_dead_owners
+
     store = _common.open_store(args)
+    release_dead_owners(store)  # trials of a killed runner or script show as PAUSED (resumable)
     trials = store.trials(args.experiment)
     emit(sys.stdout, _common.output_format(args), _LIST_COLUMNS, [_trial_row(t) for t in trials], trials)
     return 0

@@ -10,12 +10,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from determined_trials.cli import _checkpoint, _common, _experiment, _run, _tensorboard, _trial
+from determined_trials import __version__
+from determined_trials.cli import _checkpoint, _common, _experiment, _manage, _run, _tensorboard, _trial
 from determined_trials.core._store import NotFoundError
 
 __all__ = ["build_parser", "main"]
 
-_GROUPS = (_experiment, _trial, _checkpoint, _run, _tensorboard)  # _run extends the first three
+_GROUPS = (_experiment, _trial, _checkpoint, _run, _manage, _tensorboard)  # _run, _manage extend the first three
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"the run dir (default: ${_common.RUN_DIR_ENV}, else ./{_common.DEFAULT_RUN_DIR})",
     )
+    parser.add_argument("--version", action="version", version=f"det-trials {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for group in _GROUPS:
         group.register(commands)

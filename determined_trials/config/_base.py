@@ -51,11 +51,11 @@ class StrictModel(BaseModel):
 def json_value(value: Any) -> Any:
     """Normalise a free-form value to plain JSON types (tuples -> lists, keys -> strings)."""
     try:
-        return json.loads(json.dumps(value))
+        return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise ConfigProblems.at(
-            (), f"value is not JSON-serialisable ({exc}); use only numbers, strings, booleans, "
-            "null, lists and mappings"
+            (), f"value is not JSON-serialisable ({exc}); use only finite numbers, strings, booleans, "
+            "null, lists and mappings (no nan or inf)"
         ) from None
 
 

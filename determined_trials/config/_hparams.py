@@ -40,7 +40,9 @@ __all__ = [
 ]
 
 _Json = Annotated[Any, BeforeValidator(json_value)]
-_Count = Annotated[int | None, Field(ge=1, description="number of grid points, e.g. `count: 4`")]
+MAX_GRID_COUNT = 10_000  # grid values of one hyperparameter
+MAX_GRID_POINTS = 100_000  # trials of one grid search
+_Count = Annotated[int | None, Field(ge=1, le=MAX_GRID_COUNT, description="number of grid points, e.g. `count: 4`")]
 
 
 class ConstHP(StrictModel):
@@ -81,8 +83,8 @@ class DoubleHP(_RangeHP):
     """A float in [minval, maxval]."""
 
     type: Literal["double"] = "double"
-    minval: float = Field(description="smallest value, e.g. `minval: 0.0`")
-    maxval: float = Field(description="largest value, e.g. `maxval: 0.5`")
+    minval: float = Field(allow_inf_nan=False, description="smallest value, e.g. `minval: 0.0`")
+    maxval: float = Field(allow_inf_nan=False, description="largest value, e.g. `maxval: 0.5`")
     count: _Count = None
 
 
@@ -90,10 +92,22 @@ class LogHP(_RangeHP):
     """`base ** x` with the exponent x in [minval, maxval]."""
 
     type: Literal["log"] = "log"
-    base: float = Field(default=10.0, gt=0, description="the base of the power, e.g. `base: 10`")
-    minval: float = Field(description="smallest exponent, e.g. `minval: -4` for base**-4")
-    maxval: float = Field(description="largest exponent, e.g. `maxval: -1` for base**-1")
+    base: float = Field(default=10.0, gt=0, allow_inf_nan=False, description="the base of the power, e.g. `base: 10`")
+    minval: float = Field(allow_inf_nan=False, description="smallest exponent, e.g. `minval: -4` for base**-4")
+    maxval: float = Field(allow_inf_nan=False, description="largest exponent, e.g. `maxval: -1` for base**-1")
     count: _Count = None
+
+    @model_validator(mode="after")
+    def _check_powers(self) -> LogHP:
+        for name in ("minval", "maxval"):
+            try:
+                value = self.base ** getattr(self, name)
+            except OverflowError:
+                value = math.inf
+            if not math.isfinite(value) or (value == 0.0 and self.base != 0):
+                raise ConfigProblems.at((name,), f"base ** {name} = {self.base} ** {getattr(self, name)} is "
+                                        "out of a float's range; keep the exponent within about ±300 for base 10")
+        return self
 
 
 class CategoricalHP(StrictModel):
@@ -203,8 +217,10 @@ def _leaves(space: Mapping[str, Any], route: tuple[str, ...] = ()) -> Iterator[t
 
 
 def grid_count_problems(space: Mapping[str, Any]) -> list[tuple[Loc, str]]:
-    """The int/double/log hyperparameters that lack the `count` a grid search needs."""
+    """The int/double/log hyperparameters that lack the `count` a grid search needs, or a grid with
+    more than ``MAX_GRID_POINTS`` points (counted before anything is expanded)."""
     problems: list[tuple[Loc, str]] = []
+    size = 1
     for route, spec in _leaves(space):
         if isinstance(spec, (IntHP, DoubleHP, LogHP)) and spec.count is None:
             name = ".".join(route)
@@ -213,7 +229,22 @@ def grid_count_problems(space: Mapping[str, Any]) -> list[tuple[Loc, str]]:
                 "e.g. `count: 4` (the number of grid values between minval and maxval)"
             )
             problems.append(((*route, "count"), message))
+        size *= _axis_size(spec)
+    if not problems and size > MAX_GRID_POINTS:
+        problems.append(((), f"the grid has {size:.3g} points (trials), more than {MAX_GRID_POINTS:,}; lower "
+                             "the `count`s or the categorical values, or use the random or adaptive_asha searcher"))
     return problems
+
+
+def _axis_size(spec: Any) -> int:
+    """How many grid values ``_axis(spec)`` gives at most, without making them."""
+    if isinstance(spec, CategoricalHP):
+        return len(spec.vals)
+    if isinstance(spec, IntHP):
+        return min(spec.count or 1, spec.maxval - spec.minval + 1)
+    if isinstance(spec, (DoubleHP, LogHP)):
+        return spec.count or 1
+    return 1
 
 
 def _assemble(route_values: list[tuple[tuple[str, ...], Any]]) -> dict[str, Any]:

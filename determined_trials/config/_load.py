@@ -19,8 +19,26 @@ __all__ = ["ConfigSource", "load_config"]
 ConfigSource = Union[str, "os.PathLike[str]", Mapping[str, Any], ExperimentConfig]
 
 
+MAX_DEPTH = 64  # nesting levels of a config
+MAX_NODES = 100_000  # values in a config, aliases expanded
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys and keeps timestamps as strings (JSON-able)."""
+    """SafeLoader that rejects duplicate keys, keeps timestamps as strings (JSON-able) and refuses
+    nesting deeper than ``MAX_DEPTH`` while composing (before PyYAML's recursion could overflow)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise ConfigError(f"nesting deeper than {MAX_DEPTH} levels at line {line}; a config needs far "
+                                  "fewer: flatten it")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -97,6 +115,7 @@ def load_raw(source: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[dict[s
             f"Cannot load an experiment configuration from {type(source).__name__}; pass a path to a "
             "YAML file, a YAML string, a dict, or an ExperimentConfig."
         )
+    _check_budget(raw, origin)
     if not isinstance(raw, Mapping):
         kind = "nothing (empty document)" if raw is None else type(raw).__name__
         where = f" in {origin}" if origin else ""
@@ -106,6 +125,28 @@ def load_raw(source: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[dict[s
             "the top level, e.g. `searcher: {name: single, metric: validation_loss}`."
         )
     return dict(raw), origin
+
+
+def _check_budget(raw: Any, origin: str | None) -> None:
+    """At most ``MAX_DEPTH`` levels and ``MAX_NODES`` values, counting shared values (YAML aliases,
+    a dict reused in a dict) each time they appear: what validation would walk. Iterative and
+    stopping at the bound, so an alias bomb or a 10,000-level nesting is refused at once."""
+    where = f" in {origin}" if origin else ""
+    stack: list[tuple[Any, int]] = [(raw, 1)]
+    seen = 0
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            raise ConfigError(f"Invalid experiment configuration{where}: more than {MAX_NODES:,} values (YAML "
+                              "aliases expanded); is it an alias bomb? Write the values out or shorten it.")
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"Invalid experiment configuration{where}: nesting deeper than {MAX_DEPTH} "
+                              "levels; a config needs far fewer: flatten it")
+        if isinstance(value, Mapping):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in value)
 
 
 def validate_raw(raw: Mapping[str, Any], origin: str | None = None) -> ExperimentConfig:

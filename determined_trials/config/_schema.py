@@ -51,7 +51,8 @@ class Optimizations(StrictModel):
     gradient_compression: bool = False
     mixed_precision: Literal["O0", "O1", "O2", "O3"] = "O0"
     tensor_fusion_threshold: int = Field(default=64, ge=0, description="Horovod fusion buffer size in MB")
-    tensor_fusion_cycle_time: float = Field(default=1.0, ge=0, description="Horovod fusion cycle time in ms")
+    tensor_fusion_cycle_time: float = Field(
+        default=1.0, ge=0, allow_inf_nan=False, description="Horovod fusion cycle time in ms")
     auto_tune_tensor_fusion: bool = False
 
     @model_validator(mode="before")

@@ -79,7 +79,8 @@ class AdaptiveASHASearcher(_SearcherBase):
     name: Literal["adaptive_asha"] = "adaptive_asha"
     max_trials: int = _max_trials()
     max_concurrent_trials: int = _max_concurrent()
-    divisor: float = Field(default=4.0, gt=1, description="1/divisor of a rung is promoted, e.g. `divisor: 4`")
+    divisor: float = Field(
+        default=4.0, gt=1, allow_inf_nan=False, description="1/divisor of a rung is promoted, e.g. `divisor: 4`")
     max_rungs: int = Field(default=5, ge=1, description="the most rungs of a bracket, e.g. `max_rungs: 5`")
     mode: Literal["aggressive", "standard", "conservative"] = Field(
         default="standard", description="how many brackets to run, e.g. `mode: standard`"

@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -19,6 +20,7 @@ from determined_trials._info import ClusterInfo, TrialInfo, get_cluster_info
 from determined_trials.config import ExperimentConfig, load_config, sample_hparams
 from determined_trials.core._checkpoint import CheckpointContext
 from determined_trials.core._distributed import DistributedContext
+from determined_trials.core._owner import claim_experiment
 from determined_trials.core._preempt import PreemptContext, PreemptMode
 from determined_trials.core._profiler import ProfilerContext
 from determined_trials.core._searcher import (
@@ -29,7 +31,7 @@ from determined_trials.core._searcher import (
 from determined_trials.core._store import LocalStore
 from determined_trials.core._train import EarlyExitReason, TensorboardMode, TrainContext
 from determined_trials.core.storage import storage_from_spec
-from determined_trials.errors import InvalidHP
+from determined_trials.errors import InvalidHP, TrainingInterrupted
 
 __all__ = ["DEFAULT_RUN_DIR", "RUN_DIR_ENV", "Context", "init", "resolve_run_dir"]
 
@@ -78,6 +80,14 @@ class Context:
         self.store = store
         self._owns_distributed = owns_distributed
         self._closed = False
+        self._rebuild: Callable[[TrialInfo], dict[str, Any]] | None = None
+
+    def _retarget(self, trial: TrialInfo) -> None:
+        """Report to ``trial`` from now on (a plain script resuming an earlier run's trial)."""
+        assert self._rebuild is not None, "only a plain script's context can continue another trial"
+        self.train.close()
+        for name, part in self._rebuild(trial).items():
+            setattr(self, name, part)
 
     def __enter__(self) -> Context:
         self.preempt.start()
@@ -111,6 +121,8 @@ class Context:
         if self.distributed.get_rank() != 0:
             return
         trial_id = self.info.trial.trial_id
+        if isinstance(exc, TrainingInterrupted):
+            exc = None  # Ctrl-C stopped training with a checkpoint: resumable, not an error
         if exc is not None:
             state, reason = "ERROR", f"{type(exc).__name__}: {exc}"
         elif self.preempt.acknowledged:
@@ -157,17 +169,23 @@ def init(
     cluster_info = info or ClusterInfo(trial=trial, run_dir=str(run_path))
     storage_spec = checkpoint_storage if checkpoint_storage is not None else exp_config.checkpoint_storage
     storage = storage_from_spec(storage_spec, default_dir=run_path / "checkpoints")
-    return Context(
-        checkpoint=CheckpointContext(dist, storage, recorder=_StoreRecorder(store, trial.trial_id, str(storage))),
-        distributed=dist,
-        preempt=PreemptContext(dist, preempt_mode),
-        train=_build_train(store, trial, dist, tensorboard_mode, run_path, exp_config),
-        searcher=_build_searcher(store, trial, dist, exp_config, info),
-        profiler=ProfilerContext(dist, _profiler_reporter(store, trial.trial_id)),
-        info=cluster_info,
-        store=store,
-        owns_distributed=owns_distributed,
+
+    def parts(trial: TrialInfo) -> dict[str, Any]:
+        return {
+            "checkpoint": CheckpointContext(
+                dist, storage, recorder=_StoreRecorder(store, trial.trial_id, str(storage))),
+            "train": _build_train(store, trial, dist, tensorboard_mode, run_path, exp_config),
+            "searcher": _build_searcher(store, trial, dist, exp_config, info),
+            "profiler": ProfilerContext(dist, _profiler_reporter(store, trial.trial_id)),
+        }
+
+    context = Context(
+        **parts(trial), distributed=dist, preempt=PreemptContext(dist, preempt_mode),
+        info=cluster_info, store=store, owns_distributed=owns_distributed,
     )
+    if info is None:
+        context._rebuild = lambda t: {**parts(t), "info": ClusterInfo(trial=t, run_dir=str(run_path))}
+    return context
 
 
 def _resolve_config(config: ConfigSource | None, info: ClusterInfo | None) -> ExperimentConfig:
@@ -191,6 +209,7 @@ def _register_bare_trial(store: LocalStore, dist: DistributedContext, config: Ex
             name=name, config=config.as_dict(), description=config.description, labels=list(config.labels)
         )
         trial_id = store.create_trial(experiment_id=experiment_id, hparams=hparams, seed=seed)
+        claim_experiment(store, experiment_id)  # a kill -9 of this script is seen later as "resumable"
         payload = (experiment_id, trial_id, hparams, seed)
     if dist.get_size() > 1:
         payload = dist.broadcast(payload)

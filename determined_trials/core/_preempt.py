@@ -8,11 +8,14 @@ chief, which acts on it at the next call.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
 import signal
+import sys
 import threading
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +84,31 @@ class PreemptContext:
         self._previous_handlers.clear()
         self._started = False
         self._local_decision = False
+
+    @contextlib.contextmanager
+    def stop_on_interrupt(self, message: str) -> Iterator[Callable[[], bool]]:
+        """While inside: the first SIGINT (Ctrl-C) requests a preemption (the loop stops after the
+        current batch, with a checkpoint) and prints ``message``; a second one raises
+        ``KeyboardInterrupt`` at once. Yields a function telling whether a SIGINT arrived. Only in the
+        main thread and only when SIGINT still has Python's default handler (a user's stays)."""
+        seen: list[bool] = []
+        install = (threading.current_thread() is threading.main_thread()
+                   and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+
+        def on_interrupt(signum: int, frame: FrameType | None) -> None:
+            if seen:
+                raise KeyboardInterrupt
+            seen.append(True)
+            print(message, file=sys.stderr, flush=True)
+            self._requested.set()
+
+        if install:
+            signal.signal(signal.SIGINT, on_interrupt)
+        try:
+            yield lambda: bool(seen)
+        finally:
+            if install:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def request_preemption(self) -> None:
         """Ask this task to stop as if it had received SIGTERM (thread-safe)."""

@@ -39,6 +39,8 @@ __all__ = [
 
 STORE_FILENAME = "store.sqlite"
 _TERMINAL_STATES = frozenset({"COMPLETED", "ERROR", "CANCELED"})
+_OWNERS_TABLE = ("CREATE TABLE IF NOT EXISTS owners (experiment_id INTEGER PRIMARY KEY REFERENCES experiments(id), "
+                 "pid INTEGER NOT NULL, started REAL NOT NULL)")
 
 
 class LocalStore(StoreReads):
@@ -184,6 +186,38 @@ class LocalStore(StoreReads):
             "experiment", experiment_id,
             "UPDATE experiments SET model_dir = ? WHERE id = ?", (str(model_dir), int(experiment_id)),
         )
+
+    def delete_experiment(self, experiment_id: int) -> None:
+        """Remove the experiment and everything recorded for it (trials, metrics, checkpoint rows);
+        checkpoint files are the caller's to delete first."""
+        key = int(experiment_id)
+        self.experiment(key)
+        trials = "SELECT id FROM trials WHERE experiment_id = ?"
+        with self._transaction() as conn:
+            for table in ("metrics", "searcher_ops", "checkpoints"):
+                conn.execute(f"DELETE FROM {table} WHERE trial_id IN ({trials})", (key,))
+            conn.execute("DELETE FROM trials WHERE experiment_id = ?", (key,))
+            conn.execute(_OWNERS_TABLE)
+            conn.execute("DELETE FROM owners WHERE experiment_id = ?", (key,))
+            conn.execute("DELETE FROM experiments WHERE id = ?", (key,))
+
+    def set_experiment_owner(self, experiment_id: int, pid: int, started: float) -> None:
+        """Record the process (pid and start time) that runs the experiment now."""
+        self.experiment(experiment_id)
+        with self._transaction() as conn:
+            conn.execute(_OWNERS_TABLE)  # created on first use: older run folders lack it
+            conn.execute("INSERT OR REPLACE INTO owners (experiment_id, pid, started) VALUES (?, ?, ?)",
+                         (int(experiment_id), int(pid), float(started)))
+
+    def experiment_owner(self, experiment_id: int) -> tuple[int, float] | None:
+        """(pid, start time) of the process that last ran the experiment, if recorded."""
+        try:
+            rows = self._read("SELECT pid, started FROM owners WHERE experiment_id = ?", (int(experiment_id),))
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None
+            raise
+        return (int(rows[0][0]), float(rows[0][1])) if rows else None
 
     # -- trials -----------------------------------------------------------------------------------
     def create_trial(self, *, experiment_id: int, hparams: dict[str, Any], seed: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import numbers
 import shutil
 from collections.abc import Callable
@@ -65,6 +66,7 @@ class TrainContext:
         self._smaller_is_better = smaller_is_better
         self._tb_writer = ScalarWriter(tensorboard_dir) if self._writes_tensorboard() else None
         self._keys_at_step: dict[str, tuple[int, set[str]]] = {}
+        self._warned_non_finite: set[tuple[str, str]] = set()
 
     def report_training_metrics(
         self,
@@ -166,6 +168,7 @@ class TrainContext:
         if batch_metrics is not None:
             batches = [to_json_metrics(m, what=f"batch_metrics[{i}]") for i, m in enumerate(batch_metrics)]
         self._check_no_overlap(group, steps, converted)
+        self._warn_non_finite(group, steps, converted)
         self._store.add_metrics(
             trial_id=self._trial_id, group=group, steps_completed=steps,
             metrics=converted, batch_metrics=batches,
@@ -174,6 +177,14 @@ class TrainContext:
             scalars = [(tag_for(group, key), value) for key, value in scalar_items(converted)]
             self._tb_writer.add_scalars(steps, scalars)
         logger.debug("reported %s metrics at step %d: %s", group, steps, converted)
+
+    def _warn_non_finite(self, group: str, steps: int, metrics: dict[str, Any]) -> None:
+        """NaN/inf metrics are stored (they are what happened), with one warning per metric name."""
+        for key, value in scalar_items(metrics):
+            if not math.isfinite(value) and (group, key) not in self._warned_non_finite:
+                self._warned_non_finite.add((group, key))
+                logger.warning("%s metric %r is %s at step %d (warned once per metric; a NaN searcher metric "
+                               "never counts as the best)", group, key, value, steps)
 
     def _check_no_overlap(self, group: str, steps: int, metrics: dict[str, Any]) -> None:
         last_steps, keys = self._keys_at_step.get(group, (-1, set()))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -14,9 +15,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
+from determined_trials.launch._procs import die_with_parent
+
 __all__ = ["TrialProcess"]
 
 _TAIL_LINES = 20
+_RANK_PREFIX = re.compile(r"^\[rank=\d+\] ")
 _STRAY_GRACE_S = 5.0  # after the process ended, how long what is left of its group may hold the output
 _STRAY_GRACE_TERMINATED_S = 60.0  # ... when it was asked to stop (a child may still be checkpointing)
 
@@ -40,10 +44,12 @@ class TrialProcess:
         self._echo = echo
         self._prefix = prefix
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_path
         self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the reader thread
         self._proc = subprocess.Popen(
             self.cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGTERM),  # the runner killed: checkpoint and stop, no orphan
         )
         assert self._proc.stdout is not None
         self._reader = threading.Thread(target=self._pump, args=(self._proc.stdout,), daemon=True)
@@ -103,8 +109,9 @@ class TrialProcess:
             os.killpg(self._proc.pid, sig)
 
     def reason(self, code: int) -> str:
-        """A one-paragraph failure reason: the exit status and the last lines of output."""
+        """A one-line failure reason: the exit status and the last line of output (the traceback was
+        shown as it came, and stays in the trial's log)."""
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        lines = [line for line in self.tail if line.strip()][-8:]
-        body = "\n".join(lines) if lines else "(no output)"
-        return f"trial process failed ({how}); its last lines:\n{body}"
+        lines = [_RANK_PREFIX.sub("", line).strip() for line in self.tail if line.strip()]
+        last = lines[-1] if lines else "(no output)"
+        return f"trial process failed ({how}): {last} (whole output: {self.log_path})"

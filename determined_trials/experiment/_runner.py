@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from determined_trials.core._owner import claim_experiment
 from determined_trials.core._store import LocalStore
 from determined_trials.core.storage import storage_from_spec
 from determined_trials.experiment._gc import RetentionPolicy, collect_garbage
@@ -53,9 +54,10 @@ class ExperimentRunner:
     def __init__(
         self, *, store: LocalStore, experiment_id: int, config: Any, searcher: Any, exp_dir: Path,
         model_dir: Path, config_path: Path, max_parallel: int = 1, display: Display | None = None,
-        gpus: list[str] | None = None,
+        gpus: list[str] | None = None, requested_parallel: int | None = None,
     ) -> None:
-        """``gpus``: the GPU ids to share out, ``slots_per_trial`` to each running trial (none: CPU)."""
+        """``gpus``: the GPU ids to share out, ``slots_per_trial`` to each running trial (none: CPU).
+        ``requested_parallel``: the user's ``--max-parallel``, saved for ``experiment continue``."""
         self.store = store
         self.experiment_id = experiment_id
         self._config = config
@@ -65,6 +67,7 @@ class ExperimentRunner:
         self._model_dir = model_dir
         self._config_path = config_path
         self._max_parallel = max(1, int(max_parallel))
+        self._requested_parallel = requested_parallel
         self._display = display or Display(progress=False)
         self._queue: list[Work] = []
         self._free_gpus = list(gpus or [])
@@ -74,6 +77,7 @@ class ExperimentRunner:
         self._pausing = False
         self._killed = False
         self._failure: str | None = None
+        self._last_failure: dict[int, str] = {}  # trial id -> how its latest attempt failed
         self._storage = storage_from_spec(config.checkpoint_storage, default_dir=store.path / "checkpoints")
         self._policy = RetentionPolicy.from_config(config)
 
@@ -87,8 +91,10 @@ class ExperimentRunner:
         return {
             "version": _STATE_VERSION,
             "searcher": self._searcher.state_dict(),
-            "queue": [dataclasses.asdict(w) for w in self._queue],
+            "queue": [dataclasses.asdict(r.work) for r in self._running.values()]
+            + [dataclasses.asdict(w) for w in self._queue],  # running first: resumed first after a kill
             "ended_by_searcher": [[dataclasses.asdict(w), n] for w, n in self._ended_by_searcher.values()],
+            "max_parallel": self._requested_parallel,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -112,6 +118,7 @@ class ExperimentRunner:
         """Run until every trial ended, the experiment failed, or a stop was requested; returns the
         experiment's state (COMPLETED, ERROR or PAUSED)."""
         self.store.set_experiment_state(self.experiment_id, "ACTIVE")
+        claim_experiment(self.store, self.experiment_id)
         with _stop_signals(self.request_stop):
             try:
                 self._loop()
@@ -161,6 +168,11 @@ class ExperimentRunner:
                 del self._running[trial_id]
                 self._free_gpus.extend(running.gpus)
                 self._on_exit(running, code)
+                self._save_state()
+
+    def _save_state(self) -> None:
+        """Keep the resumable state current, so that `continue` works after a kill -9 of the runner."""
+        self.store.set_searcher_state(self.experiment_id, self.state_dict())
 
     # -- starting ---------------------------------------------------------------------------------
     def _start(self, work: Work) -> None:
@@ -195,6 +207,7 @@ class ExperimentRunner:
             echo=self._display.echo,
         )
         self._running[trial_id] = _Running(work, int(length), proc, gpus)
+        self._save_state()
         if self._pausing:
             proc.terminate()
 
@@ -252,7 +265,15 @@ class ExperimentRunner:
         work, trial_id = running.work, _trial_id(running.work)
         reason = running.proc.reason(code)
         limit = self._config.max_restarts
-        if self.store.trial(trial_id).restarts < limit:
+        previous = self.store.trial(trial_id)
+        before, self._last_failure[trial_id] = self._last_failure.get(trial_id), reason
+        if _same_failure(before, reason) and not self._reported_anything(trial_id):
+            self.store.set_trial_state(trial_id, "ERROR", reason)
+            self._failure = f"trial {trial_id} failed twice the same way before reporting anything: {reason}"
+            self._say(f"trial {trial_id} failed again the same way before its first report: not restarting it")
+            self._end_failed(work)
+            return
+        if previous.restarts < limit:
             restarts = self.store.increment_trial_restarts(trial_id)
             self._say(f"trial {trial_id} failed; restart {restarts} of {limit} from its latest checkpoint")
             self.store.set_trial_state(trial_id, "ACTIVE", reason)
@@ -261,10 +282,17 @@ class ExperimentRunner:
         self.store.set_trial_state(trial_id, "ERROR", reason)
         self._failure = f"trial {trial_id} failed and max_restarts ({limit}) is used up: {reason}"
         self._say(f"trial {trial_id} failed after {limit} restart(s): the experiment fails")
+        self._end_failed(work)
+
+    def _end_failed(self, work: Work) -> None:
         self._searcher.on_trial_exited_early(work.request_id)
-        self._collect([trial_id])
+        self._collect([_trial_id(work)])
         for other in self._running.values():
             other.proc.terminate()
+
+    def _reported_anything(self, trial_id: int) -> bool:
+        """Whether the trial ever got as far as a metrics report or a checkpoint."""
+        return bool(self.store.metrics(trial_id) or self.store.checkpoints(trial_id=trial_id, include_deleted=True))
 
     def _op_metric(self, trial_id: int, length: int) -> float | None:
         done = [op for op in self.store.searcher_ops(trial_id) if op.completed and op.length == length]
@@ -310,6 +338,11 @@ class ExperimentRunner:
 
     def _say(self, message: str) -> None:
         self._display.echo(f"det-trials: {message}")
+
+
+def _same_failure(before: str | None, now: str) -> bool:
+    """The same failure again (a deterministic one): same exit status and last line (paths aside)."""
+    return before is not None and before.split(" (whole output: ")[0] == now.split(" (whole output: ")[0]
 
 
 def _trial_id(work: Work) -> int:

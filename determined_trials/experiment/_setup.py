@@ -16,8 +16,10 @@ import yaml
 
 from determined_trials.config import ExperimentConfig, load_config
 from determined_trials.core._context import resolve_run_dir
+from determined_trials.core._owner import release_dead_owners
 from determined_trials.core._store import LocalStore
 from determined_trials.errors import ConfigError
+from determined_trials.experiment._preflight import PreflightError, check_entrypoint
 from determined_trials.experiment._report import Display, TrialSummary, summarize_trials
 from determined_trials.experiment._runner import ExperimentRunner
 from determined_trials.experiment._snapshot import DEFAULT_MAX_CONTEXT_BYTES, snapshot_context
@@ -86,6 +88,14 @@ def parallelism(config: ExperimentConfig, requested: int | None) -> int:
     return max(1, min(wanted, slots // per_trial))
 
 
+def _configured_parallel(config: ExperimentConfig) -> int | None:
+    """The searcher's ``max_concurrent_trials`` when the config sets it (0: as many as fit), else None.
+    Read from the config as the user wrote it (a re-parsed dump marks every default as set)."""
+    if "max_concurrent_trials" not in getattr(config.searcher, "model_fields_set", ()):
+        return None
+    return int(config.searcher.max_concurrent_trials) or (len(visible_gpus()) or os.cpu_count() or 1)
+
+
 def _snapshot_to_staging(context_dir: Path, run_path: Path, max_bytes: int) -> Path:
     staging = run_path / "experiments" / f".staging-{uuid.uuid4().hex}"
     try:
@@ -115,6 +125,8 @@ def create_experiment(
     """Validate ``config``, snapshot ``context_dir``, record the experiment and run it to its end (or
     a pause); ConfigError/ContextTooLargeError/ExperimentError say what to fix."""
     parsed = load_config(config)
+    if max_parallel is None:
+        max_parallel = _configured_parallel(parsed)
     if parsed.entrypoint is None:
         raise ConfigError("the experiment config has no entrypoint; add e.g. `entrypoint: model_def:MyTrial` "
                           "(a PyTorchTrial) or `entrypoint: python3 train.py` (a Core API script)")
@@ -123,6 +135,13 @@ def create_experiment(
     run_path = resolve_run_dir(run_dir)
     store = LocalStore(run_path)
     staging = _snapshot_to_staging(Path(context_dir), run_path, max_context_bytes)
+    try:
+        check_entrypoint(parsed, staging / "model")
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, PreflightError):
+            raise ExperimentError(str(exc)) from None
+        raise
     experiment_id = store.create_experiment(
         name=parsed.name, config=parsed.as_dict(), description=parsed.description, labels=list(parsed.labels),
     )
@@ -134,7 +153,7 @@ def create_experiment(
     runner = ExperimentRunner(
         store=store, experiment_id=experiment_id, config=parsed, searcher=searcher, exp_dir=exp_dir,
         model_dir=exp_dir / "model", config_path=config_path, max_parallel=parallelism(parsed, max_parallel),
-        display=display, gpus=visible_gpus(),
+        display=display, gpus=visible_gpus(), requested_parallel=max_parallel,
     )
     runner.start_fresh()
     return _result(store, experiment_id, runner.run(), parsed)
@@ -147,20 +166,23 @@ def continue_experiment(
     """Resume a PAUSED experiment: every unfinished trial from its latest checkpoint, the searcher
     from its saved state."""
     store = LocalStore(resolve_run_dir(run_dir), create=False)
+    release_dead_owners(store)  # a runner killed with kill -9 left its experiment ACTIVE: resumable
     exp = store.experiment(experiment_id)
     if exp.state != "PAUSED" or exp.searcher_state is None or exp.model_dir is None:
-        hint = {"ACTIVE": "it is running (or its runner was killed); pause it with Ctrl-C or SIGTERM first",
+        hint = {"ACTIVE": "it is running; pause it with Ctrl-C or SIGTERM first",
                 "COMPLETED": "it has finished", "ERROR": "it failed; create a new experiment"}
         raise ExperimentError(f"experiment {experiment_id} is {exp.state}, not PAUSED: "
                               f"{hint.get(exp.state, 'only a paused experiment can continue')}")
     parsed = load_config(exp.config)
     searcher = (searcher_factory or _default_searcher)(parsed)
+    if max_parallel is None:  # what the experiment ran with before its pause
+        max_parallel = exp.searcher_state.get("max_parallel")
     model_dir = Path(exp.model_dir)
     exp_dir = model_dir.parent
     runner = ExperimentRunner(
         store=store, experiment_id=experiment_id, config=parsed, searcher=searcher, exp_dir=exp_dir,
         model_dir=model_dir, config_path=exp_dir / CONFIG_FILE, max_parallel=parallelism(parsed, max_parallel),
-        display=display, gpus=visible_gpus(),
+        display=display, gpus=visible_gpus(), requested_parallel=max_parallel,
     )
     runner.load_state_dict(exp.searcher_state)
     return _result(store, experiment_id, runner.run(), parsed)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from determined_trials.core._context import LAUNCH_DIR_ENV, PREEMPTED_MARKER
+from determined_trials.errors import PREEMPTED_EXIT_CODE
 
 __all__ = [
     "LAUNCH_DIR_ENV",
@@ -32,7 +33,6 @@ __all__ = [
     "write_result",
 ]
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: stopped by a preemption, resumable from its checkpoint
 _RANK_FILE = re.compile(r"^rank-(\d+)\.(pid|json|failed)$")
 
 

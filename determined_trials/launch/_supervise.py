@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 import psutil
 
@@ -69,12 +71,16 @@ class Supervisor:
         set_subreaper()
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
         try:
-            proc = subprocess.Popen(self._cmd, env=self._env, start_new_session=True,
+            proc = subprocess.Popen(self._cmd, env=self._env, start_new_session=True, stderr=subprocess.PIPE,
                                     preexec_fn=die_with_parent(signal.SIGTERM))
+            assert proc.stderr is not None
+            pump = threading.Thread(target=_pass_stderr, args=(proc.stderr,), daemon=True)
+            pump.start()
             try:
                 returncode = self._watch(proc)
             finally:
                 self._cleanup(proc)
+                pump.join(timeout=10)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -162,8 +168,39 @@ class Supervisor:
 
     def _report_failure(self, first: RankResult, count: int) -> None:
         others = f" ({count - 1} more rank(s) failed after it)" if count > 1 else ""
-        lines = "\n".join(f"    {line}" for line in first.last_lines) or "    (no output)"
-        self._say(f"rank {first.rank} failed with exit code {first.exit_code}{others}; its last lines:\n{lines}")
+        # Its output (the traceback) is above, prefixed [rank=N]: name only its last line, not again all.
+        lines = [line for line in first.last_lines if line.strip()]
+        last = lines[-1].strip() if lines else "(no output)"
+        self._say(f"rank {first.rank} failed with exit code {first.exit_code}{others}: {last} "
+                  f"(its output is above, prefixed [rank={first.rank}])")
 
     def _say(self, message: str) -> None:
         print(f"{self._name}: {message}", file=sys.stderr, flush=True)
+
+
+_ELASTIC_LOG = re.compile(r"^[EWI]\d{4} .*torch/distributed/elastic/")
+
+
+def _pass_stderr(stream: IO[bytes]) -> None:
+    """Copy the command's stderr through, except torchrun's own report of a failed worker (its
+    ChildFailedError traceback and elastic log lines): we name the failing rank ourselves, and the
+    worker's traceback is already there, prefixed ``[rank=N]``."""
+    in_traceback = False
+    out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+    try:
+        for raw in iter(stream.readline, b""):
+            text = raw.decode("utf-8", errors="replace")
+            if not text.startswith("[rank="):
+                in_traceback = in_traceback or text.startswith("Traceback (most recent call last)")
+                if in_traceback or _ELASTIC_LOG.match(text):
+                    continue
+            if out is not None:
+                out.write(raw)
+                out.flush()
+            else:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # our stderr closed: nothing left to show
+    finally:
+        stream.close()

@@ -77,18 +77,21 @@ def build_command(args: _args.LaunchArgs, config: Any) -> tuple[list[str], dict[
     if args.trial is not None and nnodes == 1 and nproc == 1 and not args.overrides:
         return [*wrapped, "0", "--", *_worker_command(args)], env  # one process: no torchrun needed
     if nnodes == 1:
-        chief_ip, master_port = "127.0.0.1", free_port()
+        # torchrun --standalone binds its rendezvous store to a free port and keeps it: no port is
+        # picked, released and taken later, so two jobs on one host can never meet in one store.
+        chief_ip, rendezvous = "127.0.0.1", ["--standalone"]
         env.update(DET_JOB_ID=uuid.uuid4().hex, DET_CORE_PORT=str(free_port()))
     else:  # every node runs this launcher: shared addresses come from the environment
         chief_ip = os.environ.get("DET_CHIEF_IP", "")
         if not chief_ip:
             raise _args.LaunchError(f"DET_NNODES={nnodes}: set DET_CHIEF_IP to the address of node 0")
         master_port = _env_int("DET_MASTER_PORT", DEFAULT_C10D_PORT)
+        rendezvous = ["--master_addr", chief_ip, "--master_port", str(master_port)]
     env.update(DET_CHIEF_IP=chief_ip, USE_TORCH_DISTRIBUTED="1")
     torchrun = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node_rank", str(node_rank),
-        "--nproc_per_node", str(nproc), "--max_restarts", "0", "--master_addr", chief_ip,
-        "--master_port", str(master_port), "--monitor_interval", "0.1", *args.overrides, "--no-python",
+        "--nproc_per_node", str(nproc), "--max_restarts", "0", *rendezvous, "--monitor_interval", "0.1",
+        *args.overrides, "--no-python",
     ]
     return [*torchrun, *wrapped, "RANK", "--", *_worker_command(args)], env
 

@@ -9,6 +9,7 @@ import dataclasses
 import enum
 import json
 import logging
+import math
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -262,6 +263,8 @@ class Controller:
         if policy != "best":
             return policy == "all"
         value = _searcher_value(metrics, self._settings.searcher_metric)
+        if math.isnan(value):
+            return False  # NaN is never the best
         best = self._core.train.get_experiment_best_validation()
         if best is None:
             return True

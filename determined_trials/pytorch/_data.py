@@ -112,6 +112,11 @@ class DataLoader:
                 "det.pytorch.DataLoader needs batches: batch_size=None (no automatic batching) is not "
                 "supported; pass batch_size (e.g. context.get_per_slot_batch_size()) or a batch_sampler"
             )
+        if sampler is None and batch_sampler is None and hasattr(dataset, "__len__") and len(dataset) == 0:
+            raise ValueError(
+                f"det.pytorch.DataLoader got an empty dataset ({type(dataset).__name__} with len 0): there is "
+                "nothing to train or validate on; check the data path, download or filter that builds it"
+            )
         loader_args: dict[str, Any] = dict(
             num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, timeout=timeout,
             worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,

@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from determined_trials import core
-from determined_trials._info import get_cluster_info
 from determined_trials.config import ExperimentConfig, load_config
 from determined_trials.errors import CollectiveError
 from determined_trials.loop import Batch, Controller, ExitReason, HookRunner, LoopSettings, TrainUnit
+from determined_trials.loop._resume import interrupt_stops_training, resolve_resume
 from determined_trials.pytorch._adapter import PyTorchAdapter
 from determined_trials.pytorch._callback import overrides_hook
 from determined_trials.pytorch._context import PyTorchTrialContext
@@ -139,8 +139,11 @@ class Trainer:
         """Train until ``max_length`` (or, when it is None, each searcher operation of the config),
         validating and checkpointing at the given periods, and resuming from ``latest_checkpoint``.
 
-        A preemption (SIGTERM/SIGUSR1) or ``context.set_stop_requested(True)`` ends training after
-        the current batch, with a checkpoint; ``self.exit_reason`` says which.
+        A preemption (SIGTERM/SIGUSR1, or a first Ctrl-C) or ``context.set_stop_requested(True)``
+        ends training after the current batch, with a checkpoint; ``self.exit_reason`` says which.
+        ``latest_checkpoint="latest"`` resumes the newest checkpoint of an earlier run (continuing
+        its trial); in a plain script a Ctrl-C stop then raises ``det.errors.TrainingInterrupted``
+        (exit status 75). A second Ctrl-C aborts at once.
         """
         core_context = self._context._core
         assert core_context is not None
@@ -152,19 +155,22 @@ class Trainer:
             step_zero_validation=step_zero_validation, test_mode=test_mode, profiling_enabled=profiling_enabled,
             show_progress=show_progress, searcher_metric=metric, smaller_is_better=searcher.smaller_is_better,
         )
-        if latest_checkpoint is None and get_cluster_info() is not None:
-            latest_checkpoint = core_context.info.latest_checkpoint
+        latest_checkpoint = resolve_resume(core_context, latest_checkpoint)
+        trial = core_context.info.trial  # a resumed plain script continues the trial it resumes
+        self._context._trial_id, self._context._trial_seed = trial.trial_id, trial.trial_seed
         hooks = HookRunner(self._trial.build_callbacks())
         if overrides_hook(hooks.callbacks.values(), "on_checkpoint_end"):
             warnings.warn("PyTorchCallback.on_checkpoint_end is deprecated; override on_checkpoint_write_end "
                           "(same argument, same moment) instead", FutureWarning, stacklevel=2)
         adapter = PyTorchAdapter(self._trial, self._context, hooks)
         controller = Controller(core=core_context, adapter=adapter, hooks=hooks, settings=settings)
-        try:
-            self.exit_reason = controller.run(latest_checkpoint)
-        except RuntimeError as exc:
-            _name_unresponsive_ranks(exc, core_context.distributed)
-            raise
+        with interrupt_stops_training(core_context) as exits:
+            try:
+                self.exit_reason = controller.run(latest_checkpoint)
+            except RuntimeError as exc:
+                _name_unresponsive_ranks(exc, core_context.distributed)
+                raise
+            exits.append(self.exit_reason)
 
 
 def _name_unresponsive_ranks(exc: RuntimeError, dist: core.DistributedContext) -> None:

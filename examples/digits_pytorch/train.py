@@ -1,7 +1,8 @@
 """Train the digits PyTorchTrial with the Trainer API: ``python train.py [--run-dir DIR]``.
 
 The length and periods come from const.yaml (searcher.max_length, min_validation_period).
-Stop it with Ctrl-C or SIGTERM and run it again with ``--resume latest`` to continue exactly.
+Stop it with Ctrl-C (or SIGTERM): it finishes the batch, checkpoints and exits with status 75; run it
+again with ``--resume latest`` to continue the same trial exactly. A second Ctrl-C aborts at once.
 """
 
 from __future__ import annotations
@@ -27,21 +28,16 @@ def main() -> None:
 
     config = det.config.load_config(args.config)
     with pytorch.init(exp_conf=config, run_dir=args.run_dir) as context:
-        latest = args.resume
-        if latest == "latest":
-            checkpoints = context._core.store.checkpoints() if context._core else []
-            latest = checkpoints[-1].uuid if checkpoints else None
         trainer = pytorch.Trainer(DigitsTrial(context), context)
         trainer.fit(
             max_length=pytorch.Epoch(config.searcher.max_length.value),
             validation_period=pytorch.Epoch(1),
             checkpoint_period=pytorch.Epoch(4),
             checkpoint_policy="best",
-            latest_checkpoint=latest,
+            latest_checkpoint=args.resume,
             show_progress=False if args.no_progress else None,
         )
-        print(f"finished: {trainer.exit_reason.value}; trial {context.get_trial_id()} "
-              f"in {context._core.info.run_dir if context._core else '?'}")
+        print(f"finished: {trainer.exit_reason.value}; trial {context.get_trial_id()}")
 
 
 if __name__ == "__main__":

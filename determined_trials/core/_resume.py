@@ -1,0 +1,73 @@
+"""Resuming a plain script: which checkpoint "latest" means, and continuing the trial it belongs to.
+
+A plain script registers a fresh one-trial experiment in ``core.init()``; when it then resumes from
+a checkpoint of an earlier run, that empty registration is dropped and the earlier trial goes on
+(its metrics history, best-so-far and searcher progress stay one trial's).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from determined_trials._info import TrialInfo
+from determined_trials.core._owner import claim_experiment
+from determined_trials.core._store_records import NotFoundError
+
+if TYPE_CHECKING:
+    from determined_trials.core._context import Context
+    from determined_trials.core._store import LocalStore
+
+__all__ = ["latest_bare_checkpoint", "resume_bare_trial"]
+
+logger = logging.getLogger("determined_trials.core")
+
+
+def latest_bare_checkpoint(store: LocalStore, trial: TrialInfo) -> str | None:
+    """The newest checkpoint of an earlier plain-script run with this run's experiment name (its
+    ``name`` in the config, else the script's name) in the run folder, or ``None``."""
+    name = store.experiment(trial.experiment_id).name
+    same_name = {e.id for e in store.experiments()
+                 if e.name == name and e.model_dir is None and e.id != trial.experiment_id}
+    found = [c for c in store.checkpoints() if c.experiment_id in same_name or c.trial_id == trial.trial_id]
+    return found[-1].uuid if found else None
+
+
+def resume_bare_trial(context: Context, storage_id: str) -> None:
+    """Continue the trial that wrote ``storage_id`` instead of the one this run registered, when
+    this run has recorded nothing yet and the hyperparameters agree (every rank calls this)."""
+    dist = context.distributed
+    adopted: TrialInfo | None = None
+    if dist.get_rank() == 0:
+        adopted = _adoptable(context, storage_id)
+        if adopted is not None:
+            store, mine = context.store, context.info.trial
+            store.delete_experiment(mine.experiment_id)
+            store.set_trial_state(adopted.trial_id, "ACTIVE")
+            store.set_experiment_state(adopted.experiment_id, "ACTIVE")
+            claim_experiment(store, adopted.experiment_id)  # ours now, not the earlier (dead) run's
+    if dist.get_size() > 1:
+        adopted = dist.broadcast(adopted)
+    if adopted is not None:
+        context._retarget(adopted)
+
+
+def _adoptable(context: Context, storage_id: str) -> TrialInfo | None:
+    store, mine = context.store, context.info.trial
+    try:
+        owner_id = store.checkpoint(storage_id).trial_id
+    except NotFoundError:
+        return None
+    if owner_id is None or owner_id == mine.trial_id:
+        return None
+    if store.metrics(mine.trial_id) or store.checkpoints(trial_id=mine.trial_id, include_deleted=True):
+        return None
+    owner = store.trial(owner_id)
+    if store.experiment(owner.experiment_id).model_dir is not None:
+        return None  # a trial of `det-trials experiment create`: that runner owns it
+    if owner.hparams != mine.hparams:
+        logger.warning("checkpoint %s is from trial %d with other hyperparameters (%s); recording this "
+                       "run as trial %d", storage_id, owner_id, owner.hparams, mine.trial_id)
+        return None
+    return TrialInfo(trial_id=owner.id, experiment_id=owner.experiment_id, trial_seed=owner.seed,
+                     hparams=owner.hparams, config=mine.config)

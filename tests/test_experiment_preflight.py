@@ -1,0 +1,101 @@
+"""`experiment create` checks what it can before training (the entrypoint's trial class, in a short
+child process; global_batch_size), spends no restarts on the same failure before a trial's first
+report, and prints each failure once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from _experiment_helpers import create, make_context
+
+from determined_trials.core import LocalStore
+from determined_trials.experiment import create_experiment
+from determined_trials.experiment._preflight import trial_spec_of
+from determined_trials.experiment._setup import ExperimentError
+
+TRIAL_FILE = '''
+from determined_trials import pytorch
+
+class DigitsTrial(pytorch.PyTorchTrial):
+    def __init__(self, context):
+        self.context = context
+    def build_training_data_loader(self): ...
+    def build_validation_data_loader(self): ...
+    def train_batch(self, batch, epoch_idx, batch_idx): ...
+    def evaluate_batch(self, batch): ...
+
+class NotATrial:
+    pass
+'''
+
+
+def _trial_context(tmp_path: Path, entrypoint: str, hparams: dict) -> tuple[dict, Path]:
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "model_def.py").write_text(TRIAL_FILE)
+    config = {"entrypoint": entrypoint, "hyperparameters": hparams, "max_restarts": 5,
+              "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": 2}}}
+    return config, ctx
+
+
+@pytest.mark.parametrize(("entrypoint", "message"), [
+    ("model_def:DigitTrial", "has no 'DigitTrial'"),
+    ("python3 -m determined_trials.launch.torch_distributed --trial model_def:NotATrial", "is not a trial class"),
+    ("model_def:Nope", "the trial classes in it are: DigitsTrial"),
+    ("missing_module:DigitsTrial", "no module 'missing_module'"),
+])
+def test_create_rejects_an_entrypoint_that_can_never_run(tmp_path: Path, entrypoint: str, message: str) -> None:
+    config, ctx = _trial_context(tmp_path, entrypoint, {"global_batch_size": 4})
+    with pytest.raises(ExperimentError, match=message):
+        create_experiment(config, ctx, run_dir=tmp_path / "runs")
+    store = LocalStore(tmp_path / "runs")
+    assert store.experiments() == []  # nothing recorded, no trial started
+    assert [p.name for p in (tmp_path / "runs" / "experiments").iterdir()] == []  # no staging left
+
+
+def test_create_rejects_a_trial_class_without_global_batch_size(tmp_path: Path) -> None:
+    config, ctx = _trial_context(tmp_path, "model_def:DigitsTrial", {"lr": 0.1})
+    with pytest.raises(ValueError, match="needs `global_batch_size`"):
+        create_experiment(config, ctx, run_dir=tmp_path / "runs")
+    assert LocalStore(tmp_path / "runs").experiments() == []
+
+
+def test_trial_spec_of_entrypoints() -> None:
+    assert trial_spec_of("model_def:MyTrial") == ("model_def:MyTrial", None)
+    assert trial_spec_of("python3 -m determined_trials.launch.torch_distributed --context-dir src "
+                         "--trial m.py:T") == ("m.py:T", "src")
+    assert trial_spec_of(["python3", "-m", "x", "--trial=m:T"]) == ("m:T", None)
+    assert trial_spec_of("python3 train.py --epochs 3") is None
+
+
+@pytest.mark.slow
+def test_the_same_failure_before_the_first_report_is_not_restarted_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    crash_dir = tmp_path / "crashes"
+    crash_dir.mkdir()
+    config, ctx = make_context(tmp_path, {"crash_at": 1, "crash_times": 99, "crash_dir": str(crash_dir)},
+                               max_restarts=5)
+    started = time.monotonic()
+    assert create(tmp_path / "runs", config, ctx) == 1
+    assert time.monotonic() - started < 120
+    trial = LocalStore(tmp_path / "runs").trial(1)
+    assert trial.state == "ERROR" and trial.restarts == 1  # two attempts, not six
+    assert (crash_dir / "crashes_1").read_text() == "2"
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "failed again the same way before its first report" in text
+    # each attempt's traceback once (as it came); the summary names the error in one line
+    assert text.count("Traceback (most recent call last)") == 2, text
+    reason = LocalStore(tmp_path / "runs").experiment(1).reason or ""
+    assert "RuntimeError: boom at step 1" in reason and "\n" not in reason
+
+
+def test_a_config_file_with_a_missing_class_fails_fast_through_the_cli(tmp_path: Path) -> None:
+    config, ctx = _trial_context(tmp_path, "model_def:Missing", {"global_batch_size": 4})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert create(tmp_path / "runs", path, ctx) == 2
