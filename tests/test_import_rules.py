@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +39,28 @@ def test_using_the_core_api_pulls_in_no_framework(tmp_path: object) -> None:
             ctx.preempt.should_preempt()
     """)
     assert not {m.split(".")[0] for m in loaded} & set(FRAMEWORKS)
+
+
+@pytest.mark.parametrize("module", ["determined_trials", "determined_trials.experiment", "determined_trials.cli.main",
+                                    "determined_trials.core"])
+def test_ray_is_imported_only_for_ray_experiments(module: str) -> None:
+    assert "ray" not in {m.split(".")[0] for m in _modules_after(f"import {module}")}
+
+
+@pytest.mark.slow
+def test_a_local_experiment_never_imports_ray(tmp_path: Path) -> None:
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "train.py").write_text(textwrap.dedent("""
+        import determined_trials as det
+        with det.core.init() as ctx:
+            for op in ctx.searcher.operations():
+                op.report_completed(0.5)
+    """))
+    config = {"entrypoint": "python3 train.py", "searcher": {"name": "single", "metric": "loss", "max_length": 1}}
+    loaded = _modules_after(f"""
+        from determined_trials.experiment import create_experiment
+        result = create_experiment({config!r}, {str(tmp_path / 'ctx')!r}, run_dir={str(tmp_path / 'runs')!r})
+        assert result.state == "COMPLETED", result
+    """)
+    assert "determined_trials.experiment._runner" in loaded
+    assert "ray" not in {m.split(".")[0] for m in loaded}

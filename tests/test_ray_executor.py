@@ -1,0 +1,168 @@
+"""Experiments on a real two-node Ray cluster on 127.0.0.1 (`--ray ADDRESS`): trials spread over both
+nodes and give the local executor's results; a killed trial process restarts from its checkpoint;
+pause/continue; a checkpoint folder one node cannot see is refused before any trial runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _experiment_helpers import create, final_states, make_context
+from _ray_cluster import LocalRayCluster, can_hide_folders
+
+from determined_trials.core import LocalStore
+from determined_trials.experiment import summarize_trials
+
+pytest.importorskip("ray")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+TESTS = Path(__file__).parent
+DET_TRIALS = [sys.executable, "-m", "determined_trials.cli.main"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCluster]:
+    if not can_hide_folders():
+        pytest.skip("needs `unshare -m` to give the second Ray node a folder the head cannot share")
+    hidden = tmp_path_factory.mktemp("node-private")
+    running = LocalRayCluster(hidden_on_second_node=hidden)
+    try:
+        yield running.start()
+    finally:
+        running.stop()
+    assert running.leftovers() == []
+
+
+def _context(tmp_path: Path, hparams: dict[str, Any], **config: Any) -> tuple[Path, Path]:
+    path, ctx = make_context(tmp_path, hparams, entrypoint="python3 ray_trial.py", **config)
+    shutil.copy(TESTS / "_ray_trial.py", ctx / "ray_trial.py")
+    shutil.copy(TESTS / "_experiment_script.py", ctx / "_experiment_script.py")
+    return path, ctx
+
+
+def _rows(store: LocalStore) -> list[tuple[Any, ...]]:
+    return [(s.trial_id, s.hparams, s.state, s.restarts, s.best_metric)
+            for s in summarize_trials(store, 1, "loss", True)]
+
+
+def test_grid_spreads_over_both_nodes_with_the_local_results(cluster: LocalRayCluster, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    config, ctx = _context(tmp_path, {"lr": {"type": "categorical", "vals": [0.1, 0.4, 0.7, 0.9]}, "sleep": 0.3},
+                           searcher={"name": "grid", "metric": "loss", "max_length": 3})
+    assert create(tmp_path / "ray", config, ctx, "--ray", cluster.address, "--max-parallel", "2") == 0
+    out = capsys.readouterr().out
+    assert create(tmp_path / "local", config, ctx) == 0
+    on_ray, local = LocalStore(tmp_path / "ray"), LocalStore(tmp_path / "local")
+    assert _rows(on_ray) == _rows(local) and len(_rows(on_ray)) == 4
+    assert final_states(on_ray, 1) == final_states(local, 1)
+    nodes = {t.metadata["node"] for t in on_ray.trials(1)}
+    assert nodes == set(cluster.node_ids())
+    assert {t.metadata["node"] for t in local.trials(1)} == {None}
+    assert "[trial 1] done at step 3" in out
+    assert (tmp_path / "ray" / "experiments" / "1" / "trial_4.log").read_text().strip().endswith("w=" + repr(
+        final_states(on_ray, 1)[4]["w"]))
+
+
+def _kill_trial_after_checkpoint(run_dir: Path, trial_id: int, steps: int, killed: list[int]) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if (run_dir / "store.sqlite").exists():
+            store = LocalStore(run_dir)
+            try:
+                latest = store.latest_checkpoint(trial_id)
+                pid = store.trial(trial_id).metadata.get("pid")
+                if latest is not None and latest.steps_completed >= steps and pid:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(latest.steps_completed)
+                    return
+            except KeyError:
+                pass
+            finally:
+                store.close()
+        time.sleep(0.1)
+
+
+def test_a_killed_trial_process_restarts_from_its_checkpoint(cluster: LocalRayCluster, tmp_path: Path) -> None:
+    config, ctx = _context(tmp_path, {"sleep": 0.4}, searcher={"name": "single", "metric": "loss", "max_length": 8})
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_trial_after_checkpoint, args=(tmp_path / "runs", 1, 2, killed))
+    killer.start()
+    assert create(tmp_path / "runs", config, ctx, "--ray", cluster.address) == 0
+    killer.join(timeout=60)
+    store = LocalStore(tmp_path / "runs")
+    trial = store.trial(1)
+    assert killed and trial.state == "COMPLETED" and trial.restarts == 1
+    log = (tmp_path / "runs" / "experiments" / "1" / "trial_1.log").read_text()
+    resumed = [int(line.split()[-1]) for line in log.splitlines() if line.startswith("resumed at step")]
+    assert len(resumed) == 1 and resumed[0] >= killed[0]
+    assert final_states(store, 1)[1]["step"] == 8
+
+
+def test_pause_and_continue_on_ray(cluster: LocalRayCluster, tmp_path: Path) -> None:
+    config, ctx = _context(tmp_path, {"sleep": 0.3, "ckpt_every": 2},
+                           searcher={"name": "single", "metric": "loss", "max_length": 10})
+    run_dir = tmp_path / "runs"
+    cmd = [*DET_TRIALS, "--run-dir", str(run_dir), "experiment", "create", str(config), str(ctx), "--no-progress",
+           "--ray", cluster.address]
+    with open(tmp_path / "create.out", "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_checkpoint(run_dir, 2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=180) == 75, (tmp_path / "create.out").read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    store = LocalStore(run_dir)
+    assert store.experiment(1).state == "PAUSED" and store.trial(1).state == "PAUSED"
+    paused_at = store.latest_checkpoint(1).steps_completed  # type: ignore[union-attr]
+    resumed = subprocess.run([*DET_TRIALS, "--run-dir", str(run_dir), "experiment", "continue", "1",
+                              "--no-progress", "--ray", cluster.address], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"[trial 1] resumed at step {paused_at}" in resumed.stdout
+    assert store.experiment(1).state == "COMPLETED" and store.trial(1).restarts == 0
+    assert final_states(store, 1)[1]["step"] == 10
+
+
+def _wait_for_checkpoint(run_dir: Path, steps: int) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if (run_dir / "store.sqlite").exists():
+            store = LocalStore(run_dir)
+            try:
+                latest = store.latest_checkpoint(1)
+                if latest is not None and latest.steps_completed >= steps:
+                    return
+            except KeyError:
+                pass
+            finally:
+                store.close()
+        time.sleep(0.1)
+    raise AssertionError(f"no checkpoint at step {steps} within 300 s")
+
+
+def test_a_folder_one_node_cannot_see_is_refused_before_any_trial(cluster: LocalRayCluster, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert cluster.hidden is not None
+    config, ctx = _context(tmp_path, {}, checkpoint_storage=str(cluster.hidden / "ckpts"))
+    assert create(tmp_path / "runs", config, ctx, "--ray", cluster.address) == 2
+    err = capsys.readouterr().err
+    named = re.search(rf"checkpoint storage {re.escape(str(cluster.hidden / 'ckpts'))} is a directory that "
+                      r"Ray node\(s\) \S+ \(([0-9a-f]{12})\) cannot see", err)
+    assert named is not None, err
+    assert cluster.node_ids()[1].startswith(named.group(1))  # the second node, not the head
+    assert "shared_fs" in err
+    store = LocalStore(tmp_path / "runs")
+    assert store.trials(1) == [] and store.experiment(1).state == "ERROR"
+    assert list((cluster.hidden / "ckpts").iterdir()) == []
