@@ -106,6 +106,12 @@ class LocalRayCluster:
         finally:
             ray.shutdown()
 
+    def kill_second_node(self) -> None:
+        """SIGKILL the second node's processes, as when its machine dies."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._procs[1].pid, signal.SIGKILL)
+        self._procs[1].wait(timeout=30)
+
     def stop(self) -> None:
         """SIGTERM every node's process group, SIGKILL what is left after 60 s; remove the temp folder."""
         for proc in reversed(self._procs):

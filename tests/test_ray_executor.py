@@ -4,6 +4,7 @@ pause/continue; a checkpoint folder one node cannot see is refused before any tr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -166,3 +167,44 @@ def test_a_folder_one_node_cannot_see_is_refused_before_any_trial(cluster: Local
     store = LocalStore(tmp_path / "runs")
     assert store.trials(1) == [] and store.experiment(1).state == "ERROR"
     assert list((cluster.hidden / "ckpts").iterdir()) == []
+
+
+# Last in this module: it kills the cluster's second node.
+def test_a_trial_on_a_dead_node_restarts_from_its_checkpoint_elsewhere(
+        cluster: LocalRayCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    head, second = cluster.node_ids()
+    config, ctx = _context(tmp_path, {"lr": {"type": "categorical", "vals": [0.3, 0.6]}, "sleep": 0.4},
+                           searcher={"name": "grid", "metric": "loss", "max_length": 8})
+    run_dir, killed = tmp_path / "runs", []
+    killer = threading.Thread(target=_kill_node_under_a_trial, args=(cluster, run_dir, second, killed))
+    killer.start()
+    assert create(run_dir, config, ctx, "--ray", cluster.address, "--max-parallel", "2") == 0
+    killer.join(timeout=60)
+    assert killed, "no trial ran on the second node"
+    store, (victim, at_step) = LocalStore(run_dir), killed[0]
+    trial = store.trial(victim)
+    assert trial.state == "COMPLETED" and trial.restarts == 1 and trial.metadata["node"] == head
+    assert f"trial {victim} failed; restart 1 of 2 from its latest checkpoint" in capsys.readouterr().out
+    log = (run_dir / "experiments" / "1" / f"trial_{victim}.log").read_text()
+    assert [int(line.split()[-1]) >= at_step for line in log.splitlines() if line.startswith("resumed at")] == [True]
+    assert {trial_id: state["step"] for trial_id, state in final_states(store, 1).items()} == {1: 8, 2: 8}
+
+
+def _kill_node_under_a_trial(cluster: LocalRayCluster, run_dir: Path, node: str, killed: list[tuple[int, int]]) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not killed:
+        if (run_dir / "store.sqlite").exists():
+            store = LocalStore(run_dir)
+            try:
+                for trial in store.trials(1):
+                    latest = store.latest_checkpoint(trial.id)
+                    if (trial.metadata or {}).get("node") == node and latest and latest.steps_completed >= 2:
+                        cluster.kill_second_node()
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(trial.metadata["pid"], signal.SIGKILL)  # a dead machine takes it along
+                        killed.append((trial.id, latest.steps_completed))
+            except KeyError:
+                pass
+            finally:
+                store.close()
+        time.sleep(0.1)
