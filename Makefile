@@ -51,3 +51,6 @@ lint: venv
 
 clean:
 	rm -rf $(VENV) det-runs
+
+benchmark-ray: venv
+	$(BIN)/python benchmarks/ray_executor.py

@@ -61,7 +61,10 @@ class LocalRayCluster:
         self.port = _free_ports(1)[0]
         self.address = f"127.0.0.1:{self.port}"
         self._procs: list[subprocess.Popen[bytes]] = []
-        self._env = {**os.environ, "RAY_memory_monitor_refresh_ms": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+        # Ray's token auth off explicitly: a token file some other Ray left in ~/.ray must not switch it
+        # on for the nodes while the test's driver (ray already imported) does not send it.
+        self.driver_env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        self._env = {**os.environ, **self.driver_env, "RAY_memory_monitor_refresh_ms": "0"}
 
     def _spawn(self, cmd: list[str], log: str) -> None:
         with open(self.temp / log, "wb") as out:
@@ -84,9 +87,13 @@ class LocalRayCluster:
     def _wait_for_nodes(self, count: int) -> None:
         import ray
 
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while "Ray runtime started" not in (self.temp / "head.log").read_text(errors="replace"):
+            if time.monotonic() > deadline or self._procs[0].poll() is not None:
+                raise RuntimeError(f"the Ray head did not start; see {self.temp}/head.log")
+            time.sleep(0.5)
         ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
-            deadline = time.monotonic() + _START_TIMEOUT_S
             while len([n for n in ray.nodes() if n["Alive"]]) < count:
                 if time.monotonic() > deadline or any(p.poll() is not None for p in self._procs):
                     raise RuntimeError(f"the Ray cluster did not start; see {self.temp}/*.log")

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCluste
         pytest.skip("needs `unshare -m` to give the second Ray node a folder the head cannot share")
     hidden = tmp_path_factory.mktemp("node-private")
     running = LocalRayCluster(hidden_on_second_node=hidden)
+    saved = {name: os.environ.get(name) for name in running.driver_env}
+    os.environ.update(running.driver_env)
     try:
         yield running.start()
     finally:
         running.stop()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     assert running.leftovers() == []
 
 
@@ -74,29 +81,45 @@ def test_grid_spreads_over_both_nodes_with_the_local_results(cluster: LocalRayCl
         final_states(on_ray, 1)[4]["w"]))
 
 
-def _kill_trial_after_checkpoint(run_dir: Path, trial_id: int, steps: int, killed: list[int]) -> None:
-    deadline = time.monotonic() + 300
+def _when(run_dir: Path, found: Callable[[LocalStore], Any], timeout: float = 300) -> Any:
+    """Poll the run folder's store until ``found(store)`` gives something; that."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (run_dir / "store.sqlite").exists():
             store = LocalStore(run_dir)
             try:
-                latest = store.latest_checkpoint(trial_id)
-                pid = store.trial(trial_id).metadata.get("pid")
-                if latest is not None and latest.steps_completed >= steps and pid:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(latest.steps_completed)
-                    return
+                result = found(store)
+                if result:
+                    return result
             except KeyError:
                 pass
             finally:
                 store.close()
         time.sleep(0.1)
+    raise AssertionError(f"nothing found in {run_dir} within {timeout} s")
+
+
+def _checkpointed(steps: int, node: str | None = None) -> Callable[[LocalStore], tuple[int, int, int] | None]:
+    """(trial id, checkpoint steps, trial pid) of a trial (on ``node``) with a checkpoint at ``steps`` or more."""
+    def found(store: LocalStore) -> tuple[int, int, int] | None:
+        for trial in store.trials(1):
+            latest, meta = store.latest_checkpoint(trial.id), trial.metadata or {}
+            if latest and latest.steps_completed >= steps and meta.get("pid") and node in (None, meta["node"]):
+                return trial.id, latest.steps_completed, meta["pid"]
+        return None
+    return found
+
+
+def _kill_trial_after_checkpoint(run_dir: Path, killed: list[int]) -> None:
+    _, steps, pid = _when(run_dir, _checkpointed(2))
+    os.kill(pid, signal.SIGKILL)
+    killed.append(steps)
 
 
 def test_a_killed_trial_process_restarts_from_its_checkpoint(cluster: LocalRayCluster, tmp_path: Path) -> None:
     config, ctx = _context(tmp_path, {"sleep": 0.4}, searcher={"name": "single", "metric": "loss", "max_length": 8})
     killed: list[int] = []
-    killer = threading.Thread(target=_kill_trial_after_checkpoint, args=(tmp_path / "runs", 1, 2, killed))
+    killer = threading.Thread(target=_kill_trial_after_checkpoint, args=(tmp_path / "runs", killed))
     killer.start()
     assert create(tmp_path / "runs", config, ctx, "--ray", cluster.address) == 0
     killer.join(timeout=60)
@@ -118,7 +141,7 @@ def test_pause_and_continue_on_ray(cluster: LocalRayCluster, tmp_path: Path) -> 
     with open(tmp_path / "create.out", "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for_checkpoint(run_dir, 2)
+        _when(run_dir, _checkpointed(2))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=180) == 75, (tmp_path / "create.out").read_text()
     finally:
@@ -134,23 +157,6 @@ def test_pause_and_continue_on_ray(cluster: LocalRayCluster, tmp_path: Path) -> 
     assert f"[trial 1] resumed at step {paused_at}" in resumed.stdout
     assert store.experiment(1).state == "COMPLETED" and store.trial(1).restarts == 0
     assert final_states(store, 1)[1]["step"] == 10
-
-
-def _wait_for_checkpoint(run_dir: Path, steps: int) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if (run_dir / "store.sqlite").exists():
-            store = LocalStore(run_dir)
-            try:
-                latest = store.latest_checkpoint(1)
-                if latest is not None and latest.steps_completed >= steps:
-                    return
-            except KeyError:
-                pass
-            finally:
-                store.close()
-        time.sleep(0.1)
-    raise AssertionError(f"no checkpoint at step {steps} within 300 s")
 
 
 def test_a_folder_one_node_cannot_see_is_refused_before_any_trial(cluster: LocalRayCluster, tmp_path: Path,
@@ -191,20 +197,8 @@ def test_a_trial_on_a_dead_node_restarts_from_its_checkpoint_elsewhere(
 
 
 def _kill_node_under_a_trial(cluster: LocalRayCluster, run_dir: Path, node: str, killed: list[tuple[int, int]]) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not killed:
-        if (run_dir / "store.sqlite").exists():
-            store = LocalStore(run_dir)
-            try:
-                for trial in store.trials(1):
-                    latest = store.latest_checkpoint(trial.id)
-                    if (trial.metadata or {}).get("node") == node and latest and latest.steps_completed >= 2:
-                        cluster.kill_second_node()
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(trial.metadata["pid"], signal.SIGKILL)  # a dead machine takes it along
-                        killed.append((trial.id, latest.steps_completed))
-            except KeyError:
-                pass
-            finally:
-                store.close()
-        time.sleep(0.1)
+    trial_id, steps, pid = _when(run_dir, _checkpointed(2, node))
+    cluster.kill_second_node()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)  # a dead machine takes its processes along
+    killed.append((trial_id, steps))
