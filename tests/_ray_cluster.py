@@ -64,7 +64,9 @@ class LocalRayCluster:
         # Ray's token auth off explicitly: a token file some other Ray left in ~/.ray must not switch it
         # on for the nodes while the test's driver (ray already imported) does not send it.
         self.driver_env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-        self._env = {**os.environ, **self.driver_env, "RAY_memory_monitor_refresh_ms": "0"}
+        # Trials give up on a runner that stopped answering after 30 s (default 120 s).
+        self._env = {**os.environ, **self.driver_env, "RAY_memory_monitor_refresh_ms": "0",
+                     "DET_STORE_CHANNEL_TIMEOUT": "30"}
 
     def _spawn(self, cmd: list[str], log: str) -> None:
         with open(self.temp / log, "wb") as out:
@@ -120,13 +122,13 @@ class LocalRayCluster:
         self._procs[1].wait(timeout=30)
 
     def stop(self) -> None:
-        """SIGTERM every node's process group, SIGKILL what is left after 60 s; remove the temp folder."""
+        """SIGTERM every node's process group, SIGKILL what is left after 90 s; remove the temp folder."""
         for proc in reversed(self._procs):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in reversed(self._procs):
             try:
-                proc.wait(timeout=60)
+                proc.wait(timeout=90)
             except subprocess.TimeoutExpired:
                 pass
             with contextlib.suppress(ProcessLookupError):

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from _experiment_helpers import create, final_states, make_context
 from _ray_cluster import LocalRayCluster, can_hide_folders
@@ -157,6 +158,27 @@ def test_pause_and_continue_on_ray(cluster: LocalRayCluster, tmp_path: Path) -> 
     assert f"[trial 1] resumed at step {paused_at}" in resumed.stdout
     assert store.experiment(1).state == "COMPLETED" and store.trial(1).restarts == 0
     assert final_states(store, 1)[1]["step"] == 10
+
+
+def test_when_the_runner_dies_its_trial_processes_end(cluster: LocalRayCluster, tmp_path: Path) -> None:
+    config, ctx = _context(tmp_path, {"sleep": 0.3}, searcher={"name": "single", "metric": "loss", "max_length": 500})
+    run_dir = tmp_path / "runs"
+    cmd = [*DET_TRIALS, "--run-dir", str(run_dir), "experiment", "create", str(config), str(ctx), "--no-progress",
+           "--ray", cluster.address]
+    with open(tmp_path / "create.out", "wb") as out:
+        runner = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _, _, pid = _when(run_dir, _checkpointed(2))
+    finally:
+        os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait(timeout=30)
+    trial = psutil.Process(pid)
+    # Ray ends the actors the runner owned; the trial process ends when the runner stops answering
+    # (DET_STORE_CHANNEL_TIMEOUT: 30 s on this cluster) at the latest.
+    trial.wait(timeout=240)
+    store = LocalStore(run_dir)
+    assert store.experiment(1).state == "ACTIVE" and store.trial(1).state == "ACTIVE"  # resumable records
+    assert store.latest_checkpoint(1) is not None
 
 
 def test_a_folder_one_node_cannot_see_is_refused_before_any_trial(cluster: LocalRayCluster, tmp_path: Path,
