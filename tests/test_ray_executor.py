@@ -133,14 +133,19 @@ def test_a_killed_trial_process_restarts_from_its_checkpoint(cluster: LocalRayCl
     assert final_states(store, 1)[1]["step"] == 8
 
 
+def _start_runner(cluster: LocalRayCluster, run_dir: Path, config: Path, ctx: Path) -> subprocess.Popen[bytes]:
+    """`det-trials experiment create --ray` as a process of its own; its output in create.out beside config."""
+    cmd = [*DET_TRIALS, "--run-dir", str(run_dir), "experiment", "create", str(config), str(ctx), "--no-progress",
+           "--ray", cluster.address]
+    with open(config.with_name("create.out"), "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def test_pause_and_continue_on_ray(cluster: LocalRayCluster, tmp_path: Path) -> None:
     config, ctx = _context(tmp_path, {"sleep": 0.3, "ckpt_every": 2},
                            searcher={"name": "single", "metric": "loss", "max_length": 10})
     run_dir = tmp_path / "runs"
-    cmd = [*DET_TRIALS, "--run-dir", str(run_dir), "experiment", "create", str(config), str(ctx), "--no-progress",
-           "--ray", cluster.address]
-    with open(tmp_path / "create.out", "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = _start_runner(cluster, run_dir, config, ctx)
     try:
         _when(run_dir, _checkpointed(2))
         proc.send_signal(signal.SIGTERM)
@@ -163,10 +168,7 @@ def test_pause_and_continue_on_ray(cluster: LocalRayCluster, tmp_path: Path) -> 
 def test_when_the_runner_dies_its_trial_processes_end(cluster: LocalRayCluster, tmp_path: Path) -> None:
     config, ctx = _context(tmp_path, {"sleep": 0.3}, searcher={"name": "single", "metric": "loss", "max_length": 500})
     run_dir = tmp_path / "runs"
-    cmd = [*DET_TRIALS, "--run-dir", str(run_dir), "experiment", "create", str(config), str(ctx), "--no-progress",
-           "--ray", cluster.address]
-    with open(tmp_path / "create.out", "wb") as out:
-        runner = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    runner = _start_runner(cluster, run_dir, config, ctx)
     try:
         _, _, pid = _when(run_dir, _checkpointed(2))
     finally:

@@ -22,6 +22,7 @@ __all__ = ["DEFAULT_RAY_PARALLEL", "RayExecutor", "RayExecutorError", "ray_runne
 
 DEFAULT_RAY_PARALLEL = 16  # trials in flight when nothing bounds them (Ray queues what does not fit)
 _DIED_EXIT_CODE = 1
+_KILL_WAIT_S = 10.0
 _PROBE_TIMEOUT_S = 120.0
 
 
@@ -93,7 +94,10 @@ class _RayTrial:
             self._actor.signal.remote("TERM")
 
     def kill(self) -> None:
-        self._actor.signal.remote("KILL")
+        """SIGKILL to the trial's processes, then end the actor (also one Ray has not placed yet)."""
+        with contextlib.suppress(Exception):
+            self._ray.get(self._actor.signal.remote("KILL"), timeout=_KILL_WAIT_S)
+        self._ray.kill(self._actor)
 
     def reason(self, code: int) -> str:
         return self._reason or f"trial process failed (exit code {code})"
@@ -114,24 +118,37 @@ class RayExecutor:
         self._started_ray = False
         self._channel: StoreChannelServer | None = None
         self._model_ref: Any = None
+        self._actor_class: Any = None
         self._jobs: dict[int, TrialJob] = {}
         self._log_lock = threading.Lock()
 
     # -- set-up -----------------------------------------------------------------------------------
     def prepare(self, config: Any, storage: Any) -> None:
         """Connect to Ray, refuse checkpoint storage some node cannot see, open the store channel."""
-        ray = _ray()
-        if not ray.is_initialized():
-            with _keeping_stop_signals():
-                ray.init(address=self._address, include_dashboard=False, log_to_driver=False,
-                         configure_logging=False)
-            self._started_ray = True
+        ray = self._connect()
+        self._actor_class = ray.remote(TrialActor)
         if self._use_gpus is None:
             self._use_gpus = ray.cluster_resources().get("GPU", 0) > 0
         self._check_storage(ray, storage)
         host = ray.util.get_node_ip_address()
         self._channel = StoreChannelServer(self._store, host=host, bind=self._bind, log_sink=self._on_log)
         self._model_ref = ray.put(pack_folder(self._model_dir))
+
+    def _connect(self) -> Any:
+        """Ray, initialised (connecting to the cluster, or starting one here, when not yet done)."""
+        ray = _ray()
+        if ray.is_initialized():
+            return ray
+        try:
+            with _keeping_stop_signals():
+                ray.init(address=self._address, include_dashboard=False, log_to_driver=False,
+                         configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = self._address or "a new local Ray"
+            raise RayExecutorError(f"cannot start or reach Ray ({where}): {exc}; pass --ray auto on a node of "
+                                   "a running cluster (`ray start --head`), or --ray ray://HEAD:10001") from exc
+        self._started_ray = True
+        return ray
 
     def _check_storage(self, ray: Any, storage: Any) -> None:
         """A directory store must be the same folder on every alive node: each node reads a marker."""
@@ -164,7 +181,7 @@ class RayExecutor:
         assert self._channel is not None, "prepare() first"
         self._jobs[job.launch.trial_id] = job
         options, group = self._resources(ray, job.slots)
-        actor = ray.remote(TrialActor).options(max_concurrency=4, max_restarts=0, **options).remote()
+        actor = self._actor_class.options(max_concurrency=4, max_restarts=0, **options).remote()
         ref = actor.run.remote(job.launch, self._model_ref, job.entrypoint, str(job.run_dir), self._config_text,
                                self._channel.token.dumps())
         return _RayTrial(ray, actor, ref, group)
