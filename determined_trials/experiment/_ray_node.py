@@ -91,7 +91,10 @@ class TrialActor:
         forwarder = _LogForwarder(RemoteStore(ChannelToken.loads(token_text), run_dir), launch.trial_id)
         try:
             with tarfile.open(fileobj=io.BytesIO(model_tar), mode="r:gz") as tar:
-                tar.extractall(work / "model", filter="data")
+                if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12 / 3.11.4
+                    tar.extractall(work / "model", filter="data")
+                else:  # our own archive (pack_folder), from the runner
+                    tar.extractall(work / "model")  # noqa: S202
             (work / "config.yaml").write_text(config_text)
             env = trial_environment(launch, run_dir=Path(run_dir), info_path=work / "cluster_info.json",
                                     config_path=work / "config.yaml",
