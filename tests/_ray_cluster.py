@@ -1,5 +1,5 @@
-"""A real two-node Ray cluster on 127.0.0.1 for the Ray executor tests: a head and a second node, one
-CPU each, ports picked at run time, a fresh temp folder; stopped by process group, nothing left behind.
+"""A real two-node Ray cluster on 127.0.0.1 for the Ray executor tests: a head (2 CPUs) and a second
+node (1 CPU), ports picked at run time, a fresh temp folder; stopped by process group, nothing left behind.
 The second node may see a private tmpfs over one folder (a mount namespace), to stand for a machine
 that does not share that folder."""
 
@@ -43,12 +43,12 @@ def can_hide_folders() -> bool:
     return probe.returncode == 0
 
 
-def _node_args(ports: list[int]) -> list[str]:
+def _node_args(ports: list[int], cpus: int) -> list[str]:
     names = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
              "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port")
     args = [f"{name}={port}" for name, port in zip(names, ports)]
     workers = ",".join(str(p) for p in ports[len(names):])
-    return [*args, f"--worker-port-list={workers}", "--num-cpus=1", "--num-gpus=0",
+    return [*args, f"--worker-port-list={workers}", f"--num-cpus={cpus}", "--num-gpus=0",
             "--object-store-memory=80000000", "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block"]
 
 
@@ -75,9 +75,9 @@ class LocalRayCluster:
 
     def start(self) -> LocalRayCluster:
         head = [_RAY, "start", "--head", f"--port={self.port}", "--include-dashboard=false",
-                f"--temp-dir={self.temp}", f"--ray-client-server-port={_free_ports(1)[0]}", *_node_args(_free_ports(16))]
+                f"--temp-dir={self.temp}", f"--ray-client-server-port={_free_ports(1)[0]}", *_node_args(_free_ports(16), 2)]
         self._spawn(head, "head.log")
-        second = [_RAY, "start", f"--address={self.address}", *_node_args(_free_ports(16))]
+        second = [_RAY, "start", f"--address={self.address}", *_node_args(_free_ports(16), 1)]
         if self.hidden is not None:
             self.hidden.mkdir(parents=True, exist_ok=True)
             script = 'mount -t tmpfs none "$0" && exec "$@"'
@@ -99,6 +99,30 @@ class LocalRayCluster:
             while len([n for n in ray.nodes() if n["Alive"]]) < count:
                 if time.monotonic() > deadline or any(p.poll() is not None for p in self._procs):
                     raise RuntimeError(f"the Ray cluster did not start; see {self.temp}/*.log")
+                time.sleep(0.5)
+        finally:
+            ray.shutdown()
+
+    def placement_groups(self) -> list[str]:
+        """The states of the cluster's placement groups."""
+        import ray
+
+        ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            return [group["state"] for group in ray.util.placement_group_table().values()]
+        finally:
+            ray.shutdown()
+
+    def wait_for_free_cpus(self, cpus: float, timeout: float = 240) -> None:
+        """Block until ``cpus`` CPUs are free in the cluster (what ended actors held is given back)."""
+        import ray
+
+        ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            deadline = time.monotonic() + timeout
+            while ray.available_resources().get("CPU", 0) < cpus:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"only {ray.available_resources().get('CPU', 0)} CPUs free after {timeout} s")
                 time.sleep(0.5)
         finally:
             ray.shutdown()

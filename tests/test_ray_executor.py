@@ -64,9 +64,10 @@ def _rows(store: LocalStore) -> list[tuple[Any, ...]]:
 
 def test_grid_spreads_over_both_nodes_with_the_local_results(cluster: LocalRayCluster, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    config, ctx = _context(tmp_path, {"lr": {"type": "categorical", "vals": [0.1, 0.4, 0.7, 0.9]}, "sleep": 0.3},
+    config, ctx = _context(tmp_path, {"lr": {"type": "categorical", "vals": [0.1, 0.4, 0.7, 0.9]}, "sleep": 0.5},
                            searcher={"name": "grid", "metric": "loss", "max_length": 3})
-    assert create(tmp_path / "ray", config, ctx, "--ray", cluster.address, "--max-parallel", "2") == 0
+    # three in flight on three CPUs (head 2, second node 1): one of them runs on the second node
+    assert create(tmp_path / "ray", config, ctx, "--ray", cluster.address, "--max-parallel", "3") == 0
     out = capsys.readouterr().out
     assert create(tmp_path / "local", config, ctx) == 0
     on_ray, local = LocalStore(tmp_path / "ray"), LocalStore(tmp_path / "local")
@@ -163,6 +164,21 @@ def test_pause_and_continue_on_ray(cluster: LocalRayCluster, tmp_path: Path) -> 
     assert final_states(store, 1)[1]["step"] == 10
 
 
+def test_a_multi_slot_trial_gets_one_node_and_too_many_slots_are_refused(
+        cluster: LocalRayCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    head = cluster.node_ids()[0]
+    config, ctx = _context(tmp_path / "two", {}, resources={"slots_per_trial": 2},
+                           searcher={"name": "single", "metric": "loss", "max_length": 2})
+    assert create(tmp_path / "two" / "runs", config, ctx, "--ray", cluster.address) == 0
+    assert LocalStore(tmp_path / "two" / "runs").trial(1).metadata["node"] == head  # the only 2-CPU node
+    assert cluster.placement_groups() and set(cluster.placement_groups()) == {"REMOVED"}
+    capsys.readouterr()
+    config, ctx = _context(tmp_path / "three", {}, resources={"slots_per_trial": 3})
+    assert create(tmp_path / "three" / "runs", config, ctx, "--ray", cluster.address) == 2
+    assert "slots_per_trial is 3 but no Ray node has 3 CPUs (the largest has 2)" in capsys.readouterr().err
+    assert LocalStore(tmp_path / "three" / "runs").trials(1) == []
+
+
 def test_when_the_runner_dies_its_trial_processes_end(cluster: LocalRayCluster, tmp_path: Path) -> None:
     config, ctx = _context(tmp_path, {"sleep": 0.3}, searcher={"name": "single", "metric": "loss", "max_length": 500})
     run_dir = tmp_path / "runs"
@@ -176,6 +192,7 @@ def test_when_the_runner_dies_its_trial_processes_end(cluster: LocalRayCluster, 
     # Ray ends the actors the runner owned; the trial process ends when the runner stops answering
     # (DET_STORE_CHANNEL_TIMEOUT: 30 s on this cluster) at the latest.
     trial.wait(timeout=240)
+    cluster.wait_for_free_cpus(3)  # Ray ended the dead runner's actor and gave its CPU back
     store = LocalStore(run_dir)
     assert store.experiment(1).state == "ACTIVE" and store.trial(1).state == "ACTIVE"  # resumable records
     assert store.latest_checkpoint(1) is not None
@@ -202,12 +219,12 @@ def test_a_folder_one_node_cannot_see_is_refused_before_any_trial(cluster: Local
 def test_a_trial_on_a_dead_node_restarts_from_its_checkpoint_elsewhere(
         cluster: LocalRayCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     head, second = cluster.node_ids()
-    config, ctx = _context(tmp_path, {"lr": {"type": "categorical", "vals": [0.3, 0.6]}, "sleep": 0.4},
+    config, ctx = _context(tmp_path, {"lr": {"type": "categorical", "vals": [0.3, 0.6, 0.9]}, "sleep": 0.4},
                            searcher={"name": "grid", "metric": "loss", "max_length": 8})
     run_dir, killed = tmp_path / "runs", []
     killer = threading.Thread(target=_kill_node_under_a_trial, args=(cluster, run_dir, second, killed))
     killer.start()
-    assert create(run_dir, config, ctx, "--ray", cluster.address, "--max-parallel", "2") == 0
+    assert create(run_dir, config, ctx, "--ray", cluster.address, "--max-parallel", "3") == 0
     killer.join(timeout=60)
     assert killed, "no trial ran on the second node"
     store, (victim, at_step) = LocalStore(run_dir), killed[0]
@@ -216,7 +233,7 @@ def test_a_trial_on_a_dead_node_restarts_from_its_checkpoint_elsewhere(
     assert f"trial {victim} failed; restart 1 of 2 from its latest checkpoint" in capsys.readouterr().out
     log = (run_dir / "experiments" / "1" / f"trial_{victim}.log").read_text()
     assert [int(line.split()[-1]) >= at_step for line in log.splitlines() if line.startswith("resumed at")] == [True]
-    assert {trial_id: state["step"] for trial_id, state in final_states(store, 1).items()} == {1: 8, 2: 8}
+    assert {trial_id: state["step"] for trial_id, state in final_states(store, 1).items()} == {1: 8, 2: 8, 3: 8}
 
 
 def _kill_node_under_a_trial(cluster: LocalRayCluster, run_dir: Path, node: str, killed: list[tuple[int, int]]) -> None:

@@ -129,6 +129,7 @@ class RayExecutor:
         self._actor_class = ray.remote(TrialActor)
         if self._use_gpus is None:
             self._use_gpus = ray.cluster_resources().get("GPU", 0) > 0
+        self._check_fits(ray, config.resources.slots_per_trial)
         self._check_storage(ray, storage)
         host = ray.util.get_node_ip_address()
         self._channel = StoreChannelServer(self._store, host=host, bind=self._bind, log_sink=self._on_log)
@@ -149,6 +150,17 @@ class RayExecutor:
                                    "a running cluster (`ray start --head`), or --ray ray://HEAD:10001") from exc
         self._started_ray = True
         return ray
+
+    def _check_fits(self, ray: Any, slots: int) -> None:
+        """Some alive node must hold a trial's slots (one placement group on one node), else Ray would
+        queue the trials for ever."""
+        kind = "GPU" if self._use_gpus else "CPU"
+        sizes = [n.get("Resources", {}).get(kind, 0) for n in ray.nodes() if n.get("Alive")]
+        if max(sizes, default=0) < slots:
+            raise RayExecutorError(
+                f"resources.slots_per_trial is {slots} but no Ray node has {slots} {kind}s (the largest has "
+                f"{max(sizes, default=0):g}); a trial's slots must fit on one node: lower slots_per_trial or add "
+                "a larger node (one trial over several machines: docs/ray.md)")
 
     def _check_storage(self, ray: Any, storage: Any) -> None:
         """A directory store must be the same folder on every alive node: each node reads a marker."""
