@@ -11,7 +11,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[pytorch,deepspeed,examples,dev]' 'tensorflow-cpu>=2.16'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[pytorch,deepspeed,ray,examples,dev]' 'tensorflow-cpu>=2.16'
 	touch $(STAMP)
 
 EXAMPLE_RUN_DIR := det-runs/digits_search
@@ -69,3 +69,6 @@ benchmark-keras: venv
 # Regenerate docs/config-reference.md from the config schema (tests/test_config_reference.py checks it).
 config-reference: venv
 	$(BIN)/python -m determined_trials.config._reference > docs/config-reference.md
+
+benchmark-ray: venv
+	$(BIN)/python benchmarks/ray_executor.py

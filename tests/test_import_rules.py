@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,27 @@ def test_keras_with_another_backend_names_keras_backend() -> None:
                          timeout=120, env=env)
     assert out.returncode != 0
     assert "KERAS_BACKEND='jax'" in out.stderr and "ImportError" in out.stderr
+
+@pytest.mark.parametrize("module", ["determined_trials", "determined_trials.experiment", "determined_trials.cli.main",
+                                    "determined_trials.core"])
+def test_ray_is_imported_only_for_ray_experiments(module: str) -> None:
+    assert "ray" not in {m.split(".")[0] for m in _modules_after(f"import {module}")}
+
+
+@pytest.mark.slow
+def test_a_local_experiment_never_imports_ray(tmp_path: Path) -> None:
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "train.py").write_text(textwrap.dedent("""
+        import determined_trials as det
+        with det.core.init() as ctx:
+            for op in ctx.searcher.operations():
+                op.report_completed(0.5)
+    """))
+    config = {"entrypoint": "python3 train.py", "searcher": {"name": "single", "metric": "loss", "max_length": 1}}
+    loaded = _modules_after(f"""
+        from determined_trials.experiment import create_experiment
+        result = create_experiment({config!r}, {str(tmp_path / 'ctx')!r}, run_dir={str(tmp_path / 'runs')!r})
+        assert result.state == "COMPLETED", result
+    """)
+    assert "determined_trials.experiment._runner" in loaded
+    assert "ray" not in {m.split(".")[0] for m in loaded}

@@ -41,6 +41,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         parser.add_argument("--max-parallel", type=int, default=None, metavar="N",
                             help="run up to N trials at once (default: 1, one after another)")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+        parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                            help="run the trials on a Ray cluster: auto, ray://host:port, or none for a Ray "
+                                 "started on this machine (docs/ray.md)")
     logs = _common.add_command(group_of(commands, "trial"), "logs", _logs, "print a trial's output")
     logs.add_argument("trial_id", metavar="TRIAL_ID", type=int, help="trial id")
     logs.add_argument("--tail", type=int, default=None, metavar="N", help="only the last N lines")
@@ -74,6 +77,7 @@ def _create(args: argparse.Namespace) -> int:
         result = experiment.create_experiment(
             args.config, args.context_dir, run_dir=_common.run_dir(args), max_parallel=args.max_parallel,
             max_context_bytes=limit, display=experiment.Display(progress=False if args.no_progress else None),
+            ray=args.ray,
         )
     except (ConfigError, experiment.ContextTooLargeError, experiment.ExperimentError, FileNotFoundError) as exc:
         raise _common.CliError(str(exc)) from None
@@ -87,7 +91,7 @@ def _continue(args: argparse.Namespace) -> int:
     try:
         result = experiment.continue_experiment(
             args.experiment_id, run_dir=_common.run_dir(args), max_parallel=args.max_parallel,
-            display=experiment.Display(progress=False if args.no_progress else None),
+            display=experiment.Display(progress=False if args.no_progress else None), ray=args.ray,
         )
     except experiment.ExperimentError as exc:
         raise _common.CliError(str(exc)) from None

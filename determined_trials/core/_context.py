@@ -29,6 +29,7 @@ from determined_trials.core._searcher import (
     Unit,
 )
 from determined_trials.core._store import LocalStore
+from determined_trials.core._store_channel_client import open_store
 from determined_trials.core._train import EarlyExitReason, TensorboardMode, TrainContext
 from determined_trials.core.storage import storage_from_spec
 from determined_trials.errors import InvalidHP, TrainingInterrupted
@@ -164,7 +165,7 @@ def init(
     )
     exp_config = _resolve_config(config, info)
     run_path = resolve_run_dir(run_dir, info)
-    store = LocalStore(run_path)
+    store = open_store(run_path)
     trial = info.trial if info is not None else _register_bare_trial(store, dist, exp_config)
     cluster_info = info or ClusterInfo(trial=trial, run_dir=str(run_path))
     storage_spec = checkpoint_storage if checkpoint_storage is not None else exp_config.checkpoint_storage

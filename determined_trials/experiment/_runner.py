@@ -17,9 +17,9 @@ from typing import Any
 from determined_trials.core._owner import claim_experiment
 from determined_trials.core._store import LocalStore
 from determined_trials.core.storage import storage_from_spec
+from determined_trials.experiment._executor import LocalExecutor, TrialExecutor, TrialHandle, TrialJob
 from determined_trials.experiment._gc import RetentionPolicy, collect_garbage
-from determined_trials.experiment._launch import TrialLaunch, trial_command, trial_environment
-from determined_trials.experiment._process import TrialProcess
+from determined_trials.experiment._launch import TrialLaunch
 from determined_trials.experiment._report import Display
 from determined_trials.launch import PREEMPTED_EXIT_CODE
 
@@ -44,7 +44,7 @@ class Work:
 class _Running:
     work: Work
     length: int
-    proc: TrialProcess
+    proc: TrialHandle
     gpus: list[str]
 
 
@@ -55,9 +55,11 @@ class ExperimentRunner:
         self, *, store: LocalStore, experiment_id: int, config: Any, searcher: Any, exp_dir: Path,
         model_dir: Path, config_path: Path, max_parallel: int = 1, display: Display | None = None,
         gpus: list[str] | None = None, requested_parallel: int | None = None,
+        executor: TrialExecutor | None = None,
     ) -> None:
         """``gpus``: the GPU ids to share out, ``slots_per_trial`` to each running trial (none: CPU).
-        ``requested_parallel``: the user's ``--max-parallel``, saved for ``experiment continue``."""
+        ``requested_parallel``: the user's ``--max-parallel``, saved for ``experiment continue``;
+        ``executor``: where trials run (default: processes on this machine)."""
         self.store = store
         self.experiment_id = experiment_id
         self._config = config
@@ -80,6 +82,7 @@ class ExperimentRunner:
         self._last_failure: dict[int, str] = {}  # trial id -> how its latest attempt failed
         self._storage = storage_from_spec(config.checkpoint_storage, default_dir=store.path / "checkpoints")
         self._policy = RetentionPolicy.from_config(config)
+        self._executor: TrialExecutor = executor or LocalExecutor()
 
     # -- set-up and saved state -----------------------------------------------------------------
     def start_fresh(self) -> None:
@@ -121,6 +124,7 @@ class ExperimentRunner:
         claim_experiment(self.store, self.experiment_id)
         with _stop_signals(self.request_stop):
             try:
+                self._executor.prepare(self._config, self._storage)
                 self._loop()
             except BaseException as exc:
                 self._kill_all()
@@ -195,17 +199,14 @@ class ExperimentRunner:
         )
         trial_dir = self._exp_dir / f"trial_{trial_id}"
         gpus = self._take_gpus()
-        env = trial_environment(launch, run_dir=self.store.path, info_path=trial_dir / "cluster_info.json",
-                                config_path=self._config_path,
-                                extra={"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else None)
         self.store.set_trial_state(trial_id, "ACTIVE")
         where = f" from checkpoint {latest.uuid} (step {latest.steps_completed})" if latest else ""
         self._say(f"trial {trial_id} starts{where}: training to length {length}")
-        proc = TrialProcess(
-            trial_command(self._config.entrypoint), env=env, cwd=self._model_dir,
-            log_path=self._exp_dir / f"trial_{trial_id}.log", prefix=f"[trial {trial_id}] ",
-            echo=self._display.echo,
-        )
+        proc = self._executor.start(TrialJob(
+            launch=launch, entrypoint=self._config.entrypoint, slots=self._config.resources.slots_per_trial,
+            run_dir=self.store.path, trial_dir=trial_dir, model_dir=self._model_dir, config_path=self._config_path,
+            log_path=self._exp_dir / f"trial_{trial_id}.log", echo=self._display.echo, gpus=tuple(gpus),
+        ))
         self._running[trial_id] = _Running(work, int(length), proc, gpus)
         self._save_state()
         if self._pausing:
@@ -315,6 +316,7 @@ class ExperimentRunner:
         collect_garbage(self.store, self._storage, self.experiment_id, trial_ids, self._policy)
 
     def _finish(self) -> str:
+        self._executor.close()
         self._display.close()
         if self._failure is not None:
             state, reason = "ERROR", self._failure

@@ -120,10 +120,11 @@ def _record_model_dir(store: LocalStore, experiment_id: int, model_dir: Path) ->
 def create_experiment(
     config: Any, context_dir: str | os.PathLike[str], *, run_dir: str | os.PathLike[str] | None = None,
     max_parallel: int | None = None, max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES,
-    display: Display | None = None, searcher_factory: SearcherFactory | None = None,
+    display: Display | None = None, searcher_factory: SearcherFactory | None = None, ray: str | None = None,
 ) -> ExperimentResult:
     """Validate ``config``, snapshot ``context_dir``, record the experiment and run it to its end (or
-    a pause); ConfigError/ContextTooLargeError/ExperimentError say what to fix."""
+    a pause); ConfigError/ContextTooLargeError/ExperimentError say what to fix. ``ray``: run the trials
+    on a Ray cluster (``auto``, ``ray://host:port``, or ``local`` for a Ray started here)."""
     parsed = load_config(config)
     if max_parallel is None:
         max_parallel = _configured_parallel(parsed)
@@ -152,8 +153,8 @@ def create_experiment(
     config_path.write_text(yaml.safe_dump(parsed.as_dict(), sort_keys=False))
     runner = ExperimentRunner(
         store=store, experiment_id=experiment_id, config=parsed, searcher=searcher, exp_dir=exp_dir,
-        model_dir=exp_dir / "model", config_path=config_path, max_parallel=parallelism(parsed, max_parallel),
-        display=display, gpus=visible_gpus(), requested_parallel=max_parallel,
+        model_dir=exp_dir / "model", config_path=config_path, display=display, requested_parallel=max_parallel,
+        **_placement(ray, store, exp_dir / "model", config_path, parsed, max_parallel),
     )
     runner.start_fresh()
     return _result(store, experiment_id, runner.run(), parsed)
@@ -161,10 +162,10 @@ def create_experiment(
 
 def continue_experiment(
     experiment_id: int, *, run_dir: str | os.PathLike[str] | None = None, max_parallel: int | None = None,
-    display: Display | None = None, searcher_factory: SearcherFactory | None = None,
+    display: Display | None = None, searcher_factory: SearcherFactory | None = None, ray: str | None = None,
 ) -> ExperimentResult:
     """Resume a PAUSED experiment: every unfinished trial from its latest checkpoint, the searcher
-    from its saved state."""
+    from its saved state (on a Ray cluster with ``ray``, as for ``create_experiment``)."""
     store = LocalStore(resolve_run_dir(run_dir), create=False)
     release_dead_owners(store)  # a runner killed with kill -9 left its experiment ACTIVE: resumable
     exp = store.experiment(experiment_id)
@@ -181,11 +182,22 @@ def continue_experiment(
     exp_dir = model_dir.parent
     runner = ExperimentRunner(
         store=store, experiment_id=experiment_id, config=parsed, searcher=searcher, exp_dir=exp_dir,
-        model_dir=model_dir, config_path=exp_dir / CONFIG_FILE, max_parallel=parallelism(parsed, max_parallel),
-        display=display, gpus=visible_gpus(), requested_parallel=max_parallel,
+        model_dir=model_dir, config_path=exp_dir / CONFIG_FILE, display=display, requested_parallel=max_parallel,
+        **_placement(ray, store, model_dir, exp_dir / CONFIG_FILE, parsed, max_parallel),
     )
     runner.load_state_dict(exp.searcher_state)
     return _result(store, experiment_id, runner.run(), parsed)
+
+
+def _placement(ray: str | None, store: LocalStore, model_dir: Path, config_path: Path, config: ExperimentConfig,
+               max_parallel: int | None) -> dict[str, Any]:
+    """Where trials run: this machine's processes and GPUs, or a Ray cluster (ray imported only then)."""
+    if ray is None:
+        return {"max_parallel": parallelism(config, max_parallel), "gpus": visible_gpus()}
+    from determined_trials.experiment._ray_executor import ray_runner_options
+
+    return ray_runner_options(ray, store=store, model_dir=model_dir, config_path=config_path, config=config,
+                              max_parallel=max_parallel)
 
 
 def _result(store: LocalStore, experiment_id: int, state: str, config: ExperimentConfig) -> ExperimentResult:

@@ -1,0 +1,246 @@
+"""``RayExecutor``: trials as Ray actors on any node of a Ray cluster, each with its slots (CPUs or
+GPUs; a multi-slot trial in one placement group packed on one node), reporting to the runner's store
+over the store channel. Ray is imported only when an experiment runs with ``--ray``."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from determined_trials.core._store import LocalStore
+from determined_trials.core._store_channel import StoreChannelServer
+from determined_trials.experiment._executor import TrialHandle, TrialJob
+from determined_trials.experiment._ray_node import TrialActor, pack_folder, probe_marker
+from determined_trials.experiment._setup import ExperimentError
+
+__all__ = ["DEFAULT_RAY_PARALLEL", "RayExecutor", "RayExecutorError", "ray_runner_options"]
+
+DEFAULT_RAY_PARALLEL = 16  # trials in flight when nothing bounds them (Ray queues what does not fit)
+_DIED_EXIT_CODE = 1
+_KILL_WAIT_S = 10.0
+_PROBE_TIMEOUT_S = 120.0
+
+
+class RayExecutorError(ExperimentError):
+    """The experiment cannot run on this Ray cluster as configured (said before any trial runs)."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise RayExecutorError("--ray needs Ray: pip install 'determined_trials[ray]'") from exc
+    return ray
+
+
+@contextlib.contextmanager
+def _keeping_stop_signals() -> Iterator[None]:
+    """Ray's worker installs its own SIGINT/SIGTERM handlers; keep the runner's (pause, then kill)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _RayTrial:
+    """A trial running in a Ray actor, as the runner sees it (the ``TrialHandle`` protocol)."""
+
+    def __init__(self, ray: Any, actor: Any, ref: Any, group: Any) -> None:
+        self.terminated = False
+        self._ray, self._actor, self._ref, self._group = ray, actor, ref, group
+        self._code: int | None = None
+        self._reason = ""
+
+    def poll(self) -> int | None:
+        if self._code is None:
+            ready, _ = self._ray.wait([self._ref], timeout=0)
+            if ready:
+                self._collect()
+        return self._code
+
+    def wait(self, timeout: float | None = None) -> int:
+        ready, _ = self._ray.wait([self._ref], timeout=timeout)
+        if not ready:
+            raise TimeoutError(f"the trial's Ray actor did not end within {timeout} s")
+        self._collect()
+        assert self._code is not None
+        return self._code
+
+    def _collect(self) -> None:
+        if self._code is not None:
+            return
+        try:
+            self._code, self._reason = self._ray.get(self._ref)
+        except self._ray.exceptions.RayError as exc:  # the node or the actor's worker died
+            self._code = _DIED_EXIT_CODE
+            self._reason = f"the trial's Ray actor or its node died: {type(exc).__name__}: {exc}"
+        self._ray.kill(self._actor)
+        if self._group is not None:
+            self._ray.util.remove_placement_group(self._group)
+
+    def terminate(self) -> None:
+        if not self.terminated:
+            self.terminated = True
+            self._actor.signal.remote("TERM")
+
+    def kill(self) -> None:
+        """SIGKILL to the trial's processes, then end the actor (also one Ray has not placed yet)."""
+        with contextlib.suppress(Exception):
+            self._ray.get(self._actor.signal.remote("KILL"), timeout=_KILL_WAIT_S)
+        self._ray.kill(self._actor)
+
+    def reason(self, code: int) -> str:
+        return self._reason or f"trial process failed (exit code {code})"
+
+
+class RayExecutor:
+    """Runs each trial as a Ray actor; ``address``: ``auto``, ``ray://host:port``, or None (a Ray
+    started on this machine). ``use_gpus``: slots are GPUs (default: when the cluster has any)."""
+
+    def __init__(self, address: str | None, *, store: LocalStore, model_dir: Path, config_path: Path,
+                 use_gpus: bool | None = None, bind: str = "0.0.0.0") -> None:
+        self._address = address
+        self._store = store
+        self._model_dir = model_dir
+        self._config_text = config_path.read_text()
+        self._use_gpus = use_gpus
+        self._bind = bind
+        self._started_ray = False
+        self._channel: StoreChannelServer | None = None
+        self._model_ref: Any = None
+        self._actor_class: Any = None
+        self._jobs: dict[int, TrialJob] = {}
+        self._log_lock = threading.Lock()
+
+    # -- set-up -----------------------------------------------------------------------------------
+    def prepare(self, config: Any, storage: Any) -> None:
+        """Connect to Ray, refuse checkpoint storage some node cannot see, open the store channel."""
+        ray = self._connect()
+        self._actor_class = ray.remote(TrialActor)
+        if self._use_gpus is None:
+            self._use_gpus = ray.cluster_resources().get("GPU", 0) > 0
+        self._check_fits(ray, config.resources.slots_per_trial)
+        self._check_storage(ray, storage)
+        host = ray.util.get_node_ip_address()
+        self._channel = StoreChannelServer(self._store, host=host, bind=self._bind, log_sink=self._on_log)
+        self._model_ref = ray.put(pack_folder(self._model_dir))
+
+    def _connect(self) -> Any:
+        """Ray, initialised (connecting to the cluster, or starting one here, when not yet done)."""
+        ray = _ray()
+        if ray.is_initialized():
+            return ray
+        try:
+            with _keeping_stop_signals():
+                ray.init(address=self._address, include_dashboard=False, log_to_driver=False,
+                         configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = self._address or "a new local Ray"
+            raise RayExecutorError(f"cannot start or reach Ray ({where}): {exc}; pass --ray auto on a node of "
+                                   "a running cluster (`ray start --head`), or --ray ray://HEAD:10001") from exc
+        self._started_ray = True
+        return ray
+
+    def _check_fits(self, ray: Any, slots: int) -> None:
+        """Some alive node must hold a trial's slots (one placement group on one node), else Ray would
+        queue the trials for ever."""
+        kind = "GPU" if self._use_gpus else "CPU"
+        sizes = [n.get("Resources", {}).get(kind, 0) for n in ray.nodes() if n.get("Alive")]
+        if max(sizes, default=0) < slots:
+            raise RayExecutorError(
+                f"resources.slots_per_trial is {slots} but no Ray node has {slots} {kind}s (the largest has "
+                f"{max(sizes, default=0):g}); a trial's slots must fit on one node: lower slots_per_trial or add "
+                "a larger node (one trial over several machines: docs/ray.md)")
+
+    def _check_storage(self, ray: Any, storage: Any) -> None:
+        """A directory store must be the same folder on every alive node: each node reads a marker."""
+        folder = getattr(storage, "path", None)
+        if folder is None or not getattr(storage, "direct_access", False):
+            return  # e.g. S3: reachable over the network
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        marker, content = Path(folder) / f".det-trials-probe-{secrets.token_hex(8)}", secrets.token_hex(16)
+        marker.write_text(content)
+        try:
+            probe = ray.remote(num_cpus=0, max_retries=0)(probe_marker)
+            nodes = [n for n in ray.nodes() if n.get("Alive")]
+            refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+                    .remote(str(marker), content) for n in nodes]
+            seen = ray.get(refs, timeout=_PROBE_TIMEOUT_S)
+        finally:
+            marker.unlink(missing_ok=True)
+        blind = [f"{n.get('NodeManagerAddress')} ({n['NodeID'][:12]})" for n, ok in zip(nodes, seen) if not ok]
+        if blind:
+            raise RayExecutorError(
+                f"checkpoint storage {folder} is a directory that Ray node(s) {', '.join(blind)} cannot see: "
+                "trials there could neither save nor restore checkpoints. Mount one shared folder at the same "
+                "path on every node (checkpoint_storage: {type: shared_fs, host_path: ...}) or use S3.")
+
+    # -- trials -----------------------------------------------------------------------------------
+    def start(self, job: TrialJob) -> TrialHandle:
+        """Ask Ray for the trial's slots and start its actor there."""
+        ray = _ray()
+        assert self._channel is not None, "prepare() first"
+        self._jobs[job.launch.trial_id] = job
+        options, group = self._resources(ray, job.slots)
+        actor = self._actor_class.options(max_concurrency=4, max_restarts=0, **options).remote()
+        ref = actor.run.remote(job.launch, self._model_ref, job.entrypoint, str(job.run_dir), self._config_text,
+                               self._channel.token.dumps())
+        return _RayTrial(ray, actor, ref, group)
+
+    def _resources(self, ray: Any, slots: int) -> tuple[dict[str, Any], Any]:
+        kind = "GPU" if self._use_gpus else "CPU"
+        need = {"num_gpus": slots, "num_cpus": 0} if self._use_gpus else {"num_cpus": slots}
+        if slots == 1:
+            return need, None
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        group = ray.util.placement_group([{kind: float(slots)}], strategy="STRICT_PACK")
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
+        return {**need, "scheduling_strategy": strategy}, group
+
+    def _on_log(self, trial_id: int, lines: list[str]) -> None:
+        job = self._jobs.get(trial_id)
+        if job is None:
+            return
+        with self._log_lock, open(job.log_path, "a", encoding="utf-8") as log:
+            for line in lines:
+                log.write(line + "\n")
+                job.echo(job.prefix + line)
+
+    def close(self) -> None:
+        """Stop the channel and disconnect from Ray (shutting down a Ray this executor started)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self._started_ray:
+            _ray().shutdown()
+            self._started_ray = False
+
+
+def ray_runner_options(address: str, *, store: LocalStore, model_dir: Path, config_path: Path, config: Any,
+                       max_parallel: int | None) -> dict[str, Any]:
+    """The ``ExperimentRunner`` arguments for a run on Ray: the executor and the trials in flight
+    (``max_parallel``, else ``resources.max_slots // slots_per_trial``, else the searcher's
+    ``max_concurrent_trials``, else 16; never more than ``max_concurrent_trials``)."""
+    per_trial = config.resources.slots_per_trial
+    concurrent = getattr(config.searcher, "max_concurrent_trials", 0) or 0
+    wanted = max_parallel
+    if wanted is None and config.resources.max_slots is not None:
+        wanted = config.resources.max_slots // per_trial
+    wanted = max(1, wanted or concurrent or DEFAULT_RAY_PARALLEL)
+    if concurrent:
+        wanted = min(wanted, concurrent)
+    executor = RayExecutor(None if address == "local" else address, store=store, model_dir=model_dir,
+                           config_path=config_path)
+    return {"executor": executor, "max_parallel": wanted, "gpus": []}

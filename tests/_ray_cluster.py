@@ -1,0 +1,168 @@
+"""A real two-node Ray cluster on 127.0.0.1 for the Ray executor tests: a head (2 CPUs) and a second
+node (1 CPU), ports picked at run time, a fresh temp folder; stopped by process group, nothing left behind.
+The second node may see a private tmpfs over one folder (a mount namespace), to stand for a machine
+that does not share that folder."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["LocalRayCluster", "can_hide_folders"]
+
+_RAY = str(Path(sys.executable).with_name("ray"))
+_START_TIMEOUT_S = 180.0
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def can_hide_folders() -> bool:
+    """Whether this machine lets us start a process with a private mount (``unshare -m``)."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+def _node_args(ports: list[int], cpus: int) -> list[str]:
+    names = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+             "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port")
+    args = [f"{name}={port}" for name, port in zip(names, ports)]
+    workers = ",".join(str(p) for p in ports[len(names):])
+    return [*args, f"--worker-port-list={workers}", f"--num-cpus={cpus}", "--num-gpus=0",
+            "--object-store-memory=80000000", "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block"]
+
+
+class LocalRayCluster:
+    """``start()`` a head and a second node; ``address`` for ``ray.init``/``--ray``; ``stop()``."""
+
+    def __init__(self, hidden_on_second_node: Path | None = None) -> None:
+        self.temp = Path(tempfile.mkdtemp(prefix="detray-", dir="/tmp"))  # short: Ray's socket paths
+        self.hidden = hidden_on_second_node
+        self.port = _free_ports(1)[0]
+        self.address = f"127.0.0.1:{self.port}"
+        self._procs: list[subprocess.Popen[bytes]] = []
+        # Ray's token auth off explicitly: a token file some other Ray left in ~/.ray must not switch it
+        # on for the nodes while the test's driver (ray already imported) does not send it.
+        self.driver_env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        # Trials give up on a runner that stopped answering after 30 s (default 120 s).
+        self._env = {**os.environ, **self.driver_env, "RAY_memory_monitor_refresh_ms": "0",
+                     "DET_STORE_CHANNEL_TIMEOUT": "30"}
+
+    def _spawn(self, cmd: list[str], log: str) -> None:
+        with open(self.temp / log, "wb") as out:
+            self._procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                env=self._env, start_new_session=True))
+
+    def start(self) -> LocalRayCluster:
+        head = [_RAY, "start", "--head", f"--port={self.port}", "--include-dashboard=false",
+                f"--temp-dir={self.temp}", f"--ray-client-server-port={_free_ports(1)[0]}", *_node_args(_free_ports(16), 2)]
+        self._spawn(head, "head.log")
+        second = [_RAY, "start", f"--address={self.address}", *_node_args(_free_ports(16), 1)]
+        if self.hidden is not None:
+            self.hidden.mkdir(parents=True, exist_ok=True)
+            script = 'mount -t tmpfs none "$0" && exec "$@"'
+            second = ["unshare", "-m", "sh", "-c", script, str(self.hidden), *second]
+        self._spawn(second, "second.log")
+        self._wait_for_nodes(2)
+        return self
+
+    def _wait_for_nodes(self, count: int) -> None:
+        import ray
+
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while "Ray runtime started" not in (self.temp / "head.log").read_text(errors="replace"):
+            if time.monotonic() > deadline or self._procs[0].poll() is not None:
+                raise RuntimeError(f"the Ray head did not start; see {self.temp}/head.log")
+            time.sleep(0.5)
+        ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            while len([n for n in ray.nodes() if n["Alive"]]) < count:
+                if time.monotonic() > deadline or any(p.poll() is not None for p in self._procs):
+                    raise RuntimeError(f"the Ray cluster did not start; see {self.temp}/*.log")
+                time.sleep(0.5)
+        finally:
+            ray.shutdown()
+
+    def placement_groups(self) -> list[str]:
+        """The states of the cluster's placement groups."""
+        import ray
+
+        ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            return [group["state"] for group in ray.util.placement_group_table().values()]
+        finally:
+            ray.shutdown()
+
+    def wait_for_free_cpus(self, cpus: float, timeout: float = 240) -> None:
+        """Block until ``cpus`` CPUs are free in the cluster (what ended actors held is given back)."""
+        import ray
+
+        ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            deadline = time.monotonic() + timeout
+            while ray.available_resources().get("CPU", 0) < cpus:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"only {ray.available_resources().get('CPU', 0)} CPUs free after {timeout} s")
+                time.sleep(0.5)
+        finally:
+            ray.shutdown()
+
+    def node_ids(self) -> list[str]:
+        """The alive nodes' ids, the head's first."""
+        import ray
+
+        ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            alive = [n for n in ray.nodes() if n["Alive"]]
+            alive.sort(key=lambda n: "node:__internal_head__" not in n.get("Resources", {}))
+            return [n["NodeID"] for n in alive]
+        finally:
+            ray.shutdown()
+
+    def kill_second_node(self) -> None:
+        """SIGKILL the second node's processes, as when its machine dies."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._procs[1].pid, signal.SIGKILL)
+        self._procs[1].wait(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM every node's process group, SIGKILL what is left after 90 s; remove the temp folder."""
+        for proc in reversed(self._procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in reversed(self._procs):
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+    def leftovers(self) -> list[str]:
+        """Processes still running that belong to this cluster (by its temp folder or process groups)."""
+        out = subprocess.run(["ps", "-eo", "pid=,pgid=,args="], capture_output=True, text=True, timeout=30).stdout
+        groups = {str(p.pid) for p in self._procs}
+        return [line for line in out.splitlines()
+                if line.split(None, 2)[1] in groups or str(self.temp) in line]
