@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from determined_trials.launch._supervise import Supervisor
 from determined_trials.launch._trial_spec import TrialSpecError, parse_trial_spec
 from determined_trials.launch.harness import CONFIG_ENV, LATEST_CHECKPOINT_ENV, HarnessError, resolve_latest_checkpoint
 
-__all__ = ["build_command", "main"]
+__all__ = ["build_command", "main", "run_launcher"]
 
 NAME = "torch_distributed"
 DEFAULT_C10D_PORT = 29400
@@ -128,25 +128,32 @@ def _environment(args: _args.LaunchArgs, additions: dict[str, str], folder: Path
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the launcher command line (default: ``sys.argv[1:]``); returns the exit status."""
+    return run_launcher(sys.argv[1:] if argv is None else argv, name=NAME, engine="torchrun", build=build_command,
+                        usage=__doc__ or "")
+
+
+def run_launcher(argv: Sequence[str], *, name: str, engine: str, usage: str,
+                 build: Callable[[_args.LaunchArgs, Any], tuple[list[str], dict[str, str]]]) -> int:
+    """Parse ``argv``, ``build`` the command and supervise it in a launch folder (every launcher's ``main``)."""
     try:
-        args = _args.parse(sys.argv[1:] if argv is None else argv)
+        args = _args.parse(argv, engine=engine)
         if args.help:
-            print(__doc__)
+            print(usage)
             return 0
         if args.trial is not None:
             parse_trial_spec(args.trial, args.context_dir or ".")
         config = _load_config(args)
-        cmd, additions = build_command(args, config)
+        cmd, additions = build(args, config)
         folder = Path(tempfile.mkdtemp(prefix="det-launch-"))
         try:
             env = _environment(args, additions, folder)
-            supervisor = Supervisor(cmd, env, folder, name=NAME, wait_ready=args.trial is not None,
+            supervisor = Supervisor(cmd, env, folder, name=name, wait_ready=args.trial is not None,
                                     fail_grace=args.fail_grace)
             return supervisor.run()
         finally:
             shutil.rmtree(folder, ignore_errors=True)
     except (_args.LaunchError, TrialSpecError, HarnessError) as exc:
-        print(f"{NAME}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -4,10 +4,7 @@ scalers and reducers, to step with gradient aggregation and AMP, and to reach Te
 from __future__ import annotations
 
 import logging
-import tempfile
-import warnings
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -21,7 +18,7 @@ from determined_trials.pytorch._experimental import PyTorchExperimentalContext
 from determined_trials.pytorch._lr_scheduler import LRScheduler
 from determined_trials.pytorch._position import TrainPosition
 from determined_trials.pytorch._reducer import MetricReducer, ReducerRegistry
-from determined_trials.pytorch._tensorboard import make_profiler, make_summary_writer
+from determined_trials.pytorch._services import TrialServices
 
 if TYPE_CHECKING:
     from determined_trials.core import Context
@@ -34,7 +31,7 @@ _M = TypeVar("_M", bound=torch.nn.Module)
 _O = TypeVar("_O", bound=torch.optim.Optimizer)
 
 
-class PyTorchTrialContext(TrialContext, TrainPosition):
+class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
     """The context a `PyTorchTrial` receives: wrap what you train, step, and log.
 
     Built by `det.pytorch.init()` / the trainer. Without `core_context` (e.g. `from_config`, for
@@ -65,7 +62,6 @@ class PyTorchTrialContext(TrialContext, TrainPosition):
             distributed=core_context.distributed if core_context is not None else None,
         )
         TrainPosition.__init__(self)
-        self._core = core_context
         self._aggregation_frequency = _resolve_aggregation(aggregation_frequency, parsed)
         self._average_grads: dict[int, bool] = {}
         dist = self.distributed
@@ -78,17 +74,12 @@ class PyTorchTrialContext(TrialContext, TrainPosition):
         self.scalers: list[Any] = []
         self.reducers = ReducerRegistry()
         self.experimental = PyTorchExperimentalContext(self)
-        self.set_enable_tensorboard_logging(enable_tensorboard_logging)
-        self._stop_requested = False
-        self._initial_batch = 0 if trial is None else trial.steps_completed
+        self._init_services(core_context, enable_tensorboard_logging, 0 if trial is None else trial.steps_completed)
         self._amp_dtype: torch.dtype | None = None
         self._auto_scaler: Any = None
         self._auto_scaler_stepped = False
         self._optimizer_stepped_this_batch = False
         self._moved_warned: set[type] = set()
-        self._tb_writer: Any = None
-        self._tb_fallback: Path | None = None
-        self._profiler: torch.profiler.profile | None = None
 
     # -- wrapping -------------------------------------------------------------------------------
 
@@ -308,60 +299,6 @@ class PyTorchTrialContext(TrialContext, TrainPosition):
     def _inner_models(self) -> list[torch.nn.Module]:
         """The user's modules (DDP wrappers removed), e.g. for state dicts without `module.`."""
         return [_ddp.unwrap(model) for model in self.models]
-
-    def set_stop_requested(self, stop_requested: bool) -> None:
-        """Ask the trainer to stop (with a checkpoint) at the end of the current batch."""
-        if not isinstance(stop_requested, bool):
-            raise TypeError(f"set_stop_requested takes True or False, got {stop_requested!r}")
-        self._stop_requested = stop_requested
-
-    def get_stop_requested(self) -> bool:
-        """Whether a stop was requested with `set_stop_requested(True)`."""
-        return self._stop_requested
-
-    def get_initial_batch(self) -> int:
-        """The number of batches trained before this run started (non-zero when resuming)."""
-        return self._initial_batch
-
-    def get_enable_tensorboard_logging(self) -> bool:
-        """Whether the trainer writes reported metrics to TensorBoard."""
-        return self._enable_tensorboard_logging
-
-    def set_enable_tensorboard_logging(self, enable_tensorboard_logging: bool) -> None:
-        """Turn the trainer's TensorBoard metric logging on or off."""
-        if not isinstance(enable_tensorboard_logging, bool):
-            raise TypeError(f"enable_tensorboard_logging must be True or False, got {enable_tensorboard_logging!r}")
-        self._enable_tensorboard_logging = enable_tensorboard_logging
-
-    def get_tensorboard_path(self) -> Path:
-        """The folder for this process's TensorBoard files."""
-        if self._core is not None:
-            return Path(self._core.train.get_tensorboard_path())
-        if self._tb_fallback is None:
-            self._tb_fallback = Path(tempfile.mkdtemp(prefix="det-trials-tensorboard-"))
-            logger.info("no Core API context: TensorBoard files go to %s", self._tb_fallback)
-        return self._tb_fallback
-
-    def get_tensorboard_writer(self) -> Any:
-        """A `torch.utils.tensorboard.SummaryWriter` in the trial's TensorBoard folder (created on
-        first use; closed by the trainer at the end)."""
-        if self._tb_writer is None:
-            self._tb_writer = make_summary_writer(self.get_tensorboard_path())
-        return self._tb_writer
-
-    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
-        """Profile training with `torch.profiler.profile(*args, **kwargs)`; traces go to the
-        TensorBoard folder. The trainer enters it before training and steps it every batch."""
-        profiler = make_profiler(self.get_tensorboard_path(), args, kwargs)
-        if self._profiler is not None:
-            warnings.warn("set_profiler() called again: the new profiler replaces the first", stacklevel=2)
-        self._profiler = profiler
-
-    def _close(self) -> None:
-        """Trainer hook at shutdown: flush and close the SummaryWriter."""
-        if self._tb_writer is not None:
-            self._tb_writer.close()
-            self._tb_writer = None
 
 
 def _pick(given: int | None, from_trial: int | None | Any, default: int) -> int:

@@ -6,8 +6,8 @@ import contextlib
 import datetime
 import os
 import random
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -16,12 +16,19 @@ from determined_trials import core
 from determined_trials._info import get_cluster_info
 from determined_trials.config import ExperimentConfig, load_config
 from determined_trials.errors import CollectiveError
-from determined_trials.loop import Batch, Controller, ExitReason, HookRunner, LoopSettings, TrainUnit
+from determined_trials.loop import Batch, Controller, ExitReason, HookRunner, LoopSettings, TrainUnit, TrialAdapter
 from determined_trials.pytorch._adapter import PyTorchAdapter
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._trial import PyTorchTrial, check_trial_class
 
-__all__ = ["init", "Trainer", "seed_everything"]
+__all__ = ["init", "open_trial_context", "Trainer", "seed_everything"]
+
+
+class _ClosableContext(Protocol):
+    def _close(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_ClosableContext)
 
 _DEFAULT_REPORTING_PERIOD = Batch(100)
 _DEFAULT_SEARCHER = {"name": "single", "metric": "validation_loss", "max_length": {"batches": 100}}
@@ -87,17 +94,34 @@ def init(
     trial seed (``reproducibility.experiment_seed`` locally). ``run_dir`` is a local addition.
     """
     config = _experiment_config(exp_conf, hparams)
-    dist = distributed or _distributed_from_environment()
+
+    def make_context(core_context: core.Context) -> PyTorchTrialContext:
+        return PyTorchTrialContext(
+            core_context=core_context, config=config, hparams=hparams,
+            aggregation_frequency=aggregation_frequency, enable_tensorboard_logging=enable_tensorboard_logging,
+        )
+
+    with open_trial_context(make_context, config, distributed, _distributed_from_environment, run_dir) as context:
+        yield context
+
+
+@contextlib.contextmanager
+def open_trial_context(
+    make_context: Callable[[core.Context], _C],
+    config: ExperimentConfig | None,
+    distributed: core.DistributedContext | None,
+    from_environment: Callable[[], core.DistributedContext | None],
+    run_dir: str | os.PathLike[str] | None,
+) -> Iterator[_C]:
+    """The body of every ``init()``: the Core API context (with ``distributed``, else the one
+    ``from_environment`` gives, closed at the end), seeded RNGs, then ``make_context(core)``."""
+    dist = distributed or from_environment()
     with contextlib.ExitStack() as owned:
         if distributed is None and dist is not None:
             owned.callback(dist.close)  # ours (from the environment): close it, or the next init collides
         core_context = owned.enter_context(core.init(distributed=dist, config=config, run_dir=run_dir))
-        trial = core_context.info.trial
-        seed_everything(trial.trial_seed)
-        context = PyTorchTrialContext(
-            core_context=core_context, config=config, hparams=hparams,
-            aggregation_frequency=aggregation_frequency, enable_tensorboard_logging=enable_tensorboard_logging,
-        )
+        seed_everything(core_context.info.trial.trial_seed)
+        context = make_context(core_context)
         try:
             yield context
         finally:
@@ -147,13 +171,17 @@ class Trainer:
         if latest_checkpoint is None and get_cluster_info() is not None:
             latest_checkpoint = core_context.info.latest_checkpoint
         hooks = HookRunner(self._trial.build_callbacks())
-        adapter = PyTorchAdapter(self._trial, self._context, hooks)
+        adapter = self._make_adapter(hooks)
         controller = Controller(core=core_context, adapter=adapter, hooks=hooks, settings=settings)
         try:
             self.exit_reason = controller.run(latest_checkpoint)
         except RuntimeError as exc:
             _name_unresponsive_ranks(exc, core_context.distributed)
             raise
+
+    def _make_adapter(self, hooks: HookRunner) -> TrialAdapter:
+        """The loop's adapter for this trainer's trial (the DeepSpeed Trainer gives its own)."""
+        return PyTorchAdapter(self._trial, self._context, hooks)
 
 
 def _name_unresponsive_ranks(exc: RuntimeError, dist: core.DistributedContext) -> None:
