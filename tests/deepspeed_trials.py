@@ -121,3 +121,33 @@ def plain_loop(batches: int, global_batch: int, dropout: float = 0.0) -> list[li
         loss.backward()
         optimizer.step()
     return [p.detach().reshape(-1).tolist() for p in model.parameters()]
+
+
+class PipeTrial(DSTrial):
+    """The same MLP as a 2-stage ``PipelineModule`` (the engine pulls its micro-batches itself)."""
+
+    def __init__(self, context: det_ds.DeepSpeedTrialContext, stop_after: int | None = None) -> None:
+        import deepspeed
+        from deepspeed.pipe import PipelineModule
+
+        self.context = context
+        hp = context.get_hparams()
+        layers = list(make_model(hp.get("dropout", 0.0)))  # built whole on every rank: the plain loop's weights
+        module = PipelineModule(layers=layers, num_stages=2, loss_fn=nn.MSELoss(), partition_method="uniform")
+        engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(),
+                                               config=ds_config(hp))
+        self.engine = context.wrap_model_engine(engine)
+        self.events = []
+        self.stop_after = stop_after
+        self.calls = 0
+        self.sum_reducer = context.wrap_reducer(lambda values: float(sum(values)), name="records_seen")
+
+    def build_validation_data_loader(self) -> pytorch.DataLoader:
+        return pytorch.DataLoader(data(VALIDATION_RECORDS, 2), batch_size=self.context.get_train_micro_batch_size_per_gpu())
+
+    def train_batch(self, dataloader_iter: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        self.calls += 1
+        return {"loss": self.engine.train_batch(data_iter=dataloader_iter)}
+
+    def evaluate_batch(self, dataloader_iter: Any, batch_idx: int) -> dict[str, Any]:
+        return {"val_loss": self.engine.eval_batch(data_iter=dataloader_iter)}
