@@ -102,11 +102,11 @@ def code_dir(tmp_path: Path) -> Path:
 class Launch:
     """The launcher as a subprocess: its output lines with arrival times, and every process it spawned."""
 
-    def __init__(self, args: list[str], cwd: Path, run_dir: Path) -> None:
+    def __init__(self, args: list[str], cwd: Path, run_dir: Path, launcher: str = "torch_distributed") -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
         env["DET_RUN_DIR"] = str(run_dir)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "determined_trials.launch.torch_distributed", *args], cwd=cwd, env=env,
+            [sys.executable, "-m", f"determined_trials.launch.{launcher}", *args], cwd=cwd, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self.lines: list[tuple[float, str]] = []
