@@ -151,3 +151,34 @@ class PipeTrial(DSTrial):
 
     def evaluate_batch(self, dataloader_iter: Any, batch_idx: int) -> dict[str, Any]:
         return {"val_loss": self.engine.eval_batch(data_iter=dataloader_iter)}
+
+
+class TorchTwin(pytorch.PyTorchTrial):
+    """DSTrial's model, data and optimizer as a PyTorchTrial (the hook trace and weights to compare with)."""
+
+    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+        self.context = context
+        self.model = context.wrap_model(make_model())
+        self.optimizer = context.wrap_optimizer(torch.optim.AdamW(self.model.parameters(), lr=LR, weight_decay=0.0))
+        self.events: list[tuple[Any, ...]] = []
+
+    def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
+        return {"recorder": Recorder(self.events)}
+
+    def build_training_data_loader(self) -> pytorch.DataLoader:
+        return pytorch.DataLoader(data(TRAIN_RECORDS, 1), batch_size=self.context.get_per_slot_batch_size(),
+                                  shuffle=True)
+
+    def build_validation_data_loader(self) -> pytorch.DataLoader:
+        return pytorch.DataLoader(data(VALIDATION_RECORDS, 2), batch_size=8)
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        x, y = batch
+        loss = nn.functional.mse_loss(self.model(x), y)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.optimizer)
+        return {"loss": loss}
+
+    def evaluate_batch(self, batch: Any) -> dict[str, Any]:
+        x, y = batch
+        return {"val_loss": nn.functional.mse_loss(self.model(x), y)}

@@ -38,3 +38,11 @@ def test_using_the_core_api_pulls_in_no_framework(tmp_path: object) -> None:
             ctx.preempt.should_preempt()
     """)
     assert not {m.split(".")[0] for m in loaded} & set(FRAMEWORKS)
+
+
+@pytest.mark.parametrize("module", ["determined_trials.pytorch", "determined_trials.deepspeed",
+                                    "determined_trials.pytorch.deepspeed"])
+def test_the_torch_packages_import_no_deepspeed(module: str) -> None:
+    """deepspeed is imported when an engine is wrapped or det.deepspeed.init() runs, not before."""
+    loaded = _modules_after(f"import {module}")
+    assert "deepspeed" not in {m.split(".")[0] for m in loaded}
