@@ -40,8 +40,8 @@ MICRO, GAS, REPORT, PERIOD, LR = 32, 2, 100, 200, 0.001
 
 
 def _ds_config(stage: int) -> dict[str, Any]:
-    return {"train_batch_size": MICRO * GAS, "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
-            "optimizer": {"type": "Adam", "params": {"lr": LR, "torch_adam": True}},
+    return {"train_batch_size": MICRO * GAS, "train_micro_batch_size_per_gpu": MICRO,
+            "gradient_accumulation_steps": GAS, "optimizer": {"type": "Adam", "params": {"lr": LR, "torch_adam": True}},
             "zero_optimization": {"stage": stage}, "steps_per_print": 10**9}
 
 
