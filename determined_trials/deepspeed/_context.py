@@ -1,23 +1,19 @@
-"""``DeepSpeedTrialContext``: what a DeepSpeedTrial uses to register its engines, its model-parallel
-layout and reducers, to move data, and to reach TensorBoard."""
+"""``DeepSpeedTrialContext``: what a DeepSpeedTrial uses to register its engines and its model-parallel
+layout (reducers, ``to_device``, TensorBoard and the stop flag come from ``TrialServices``)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from determined_trials._trial_context import TrialContext
 from determined_trials.config import ExperimentConfig
 from determined_trials.deepspeed._mpu import ModelParallelUnit, make_data_parallel_mpu, make_deepspeed_mpu
 from determined_trials.errors import ConfigError
-from determined_trials.pytorch._context import _pick, _resolve_config
-from determined_trials.pytorch._device import default_device, to_device
+from determined_trials.pytorch._device import default_device
 from determined_trials.pytorch._position import TrainPosition
-from determined_trials.pytorch._reducer import MetricReducer, ReducerRegistry
-from determined_trials.pytorch._services import TrialServices
+from determined_trials.pytorch._services import TrialServices, trial_context_fields
 
 if TYPE_CHECKING:
     from determined_trials.core import Context
@@ -45,26 +41,16 @@ class DeepSpeedTrialContext(TrialContext, TrainPosition, TrialServices):
         experiment_id: int | None = None,
         enable_tensorboard_logging: bool = True,
     ) -> None:
-        trial = core_context.info.trial if core_context is not None else None
-        parsed = _resolve_config(config, None if trial is None else trial.config)
-        super().__init__(
-            config=parsed,
-            hparams=hparams if hparams is not None else (trial.hparams if trial else {}),
-            trial_seed=_pick(trial_seed, trial and trial.trial_seed, 0),
-            trial_id=_pick(trial_id, trial and trial.trial_id, 0),
-            experiment_id=_pick(experiment_id, trial and trial.experiment_id, 0),
-            distributed=core_context.distributed if core_context is not None else None,
-        )
+        super().__init__(**trial_context_fields(core_context, config, hparams, trial_seed, trial_id, experiment_id))
         TrainPosition.__init__(self)
-        self._init_services(core_context, enable_tensorboard_logging, 0 if trial is None else trial.steps_completed)
         if core_context is None:
             from determined_trials.deepspeed._distributed import start_deepspeed_distributed
 
             start_deepspeed_distributed()  # from_config: deepspeed.initialize needs a process group
         dist = self.distributed
-        self._device = default_device(dist.get_local_rank(), dist.get_size())
+        self._init_services(core_context, enable_tensorboard_logging,
+                            default_device(dist.get_local_rank(), dist.get_size()))
         self.models: list[Any] = []
-        self.reducers = ReducerRegistry()
         self._mpu = make_data_parallel_mpu(dist.get_rank(), dist.get_size())
         self._mpu_given = False
         self._micro_batch_size: int | None = None
@@ -72,7 +58,6 @@ class DeepSpeedTrialContext(TrialContext, TrainPosition, TrialServices):
         self._auto_grad_accumulation = True
         self._dataset_checks = True
         self._use_pipeline_parallel = False
-        self._moved_warned: set[type] = set()
 
     # -- engines and layout ---------------------------------------------------------------------
 
@@ -156,24 +141,3 @@ class DeepSpeedTrialContext(TrialContext, TrainPosition, TrialServices):
             raise RuntimeError(f"{what}() is known once an engine is wrapped: call context.wrap_model_engine(engine) "
                                "first (in your trial's __init__)")
         return value
-
-    # -- data and reducers ----------------------------------------------------------------------
-
-    @property
-    def device(self) -> torch.device:
-        """Where `to_device` moves data: this rank's GPU, or the CPU."""
-        return self._device
-
-    def to_device(self, data: Any) -> Any:
-        """`data` moved to `device` (tensors, numeric numpy arrays, nested in dicts, lists and tuples)."""
-        return to_device(data, self._device, self._moved_warned)
-
-    def wrap_reducer(
-        self,
-        reducer: MetricReducer | Callable[[list[Any]], Any],
-        name: str | None = None,
-        for_training: bool = True,
-        for_validation: bool = True,
-    ) -> MetricReducer:
-        """Register a `MetricReducer` (or a function of the list of all updates); returns the object to `update()`."""
-        return self.reducers.wrap(reducer, name=name, for_training=for_training, for_validation=for_validation)

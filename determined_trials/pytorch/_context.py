@@ -10,15 +10,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from determined_trials._trial_context import TrialContext
-from determined_trials.config import ExperimentConfig, load_config
+from determined_trials.config import ExperimentConfig
 from determined_trials.errors import ConfigError
 from determined_trials.pytorch import _amp, _ddp, _stepping
-from determined_trials.pytorch._device import default_device, to_device
+from determined_trials.pytorch._device import default_device
 from determined_trials.pytorch._experimental import PyTorchExperimentalContext
 from determined_trials.pytorch._lr_scheduler import LRScheduler
 from determined_trials.pytorch._position import TrainPosition
-from determined_trials.pytorch._reducer import MetricReducer, ReducerRegistry
-from determined_trials.pytorch._services import TrialServices
+from determined_trials.pytorch._services import TrialServices, trial_context_fields
 
 if TYPE_CHECKING:
     from determined_trials.core import Context
@@ -51,35 +50,22 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         enable_tensorboard_logging: bool = True,
         device: torch.device | str | None = None,
     ) -> None:
-        trial = core_context.info.trial if core_context is not None else None
-        parsed = _resolve_config(config, None if trial is None else trial.config)
-        super().__init__(
-            config=parsed,
-            hparams=hparams if hparams is not None else (trial.hparams if trial else {}),
-            trial_seed=_pick(trial_seed, trial and trial.trial_seed, 0),
-            trial_id=_pick(trial_id, trial and trial.trial_id, 0),
-            experiment_id=_pick(experiment_id, trial and trial.experiment_id, 0),
-            distributed=core_context.distributed if core_context is not None else None,
-        )
+        super().__init__(**trial_context_fields(core_context, config, hparams, trial_seed, trial_id, experiment_id))
         TrainPosition.__init__(self)
-        self._aggregation_frequency = _resolve_aggregation(aggregation_frequency, parsed)
+        self._aggregation_frequency = _resolve_aggregation(aggregation_frequency, self.config)
         self._average_grads: dict[int, bool] = {}
         dist = self.distributed
-        self._device = torch.device(device) if device is not None else default_device(
-            dist.get_local_rank(), dist.get_size()
-        )
+        chosen = torch.device(device) if device is not None else default_device(dist.get_local_rank(), dist.get_size())
+        self._init_services(core_context, enable_tensorboard_logging, chosen)
         self.models: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_schedulers: list[LRScheduler] = []
         self.scalers: list[Any] = []
-        self.reducers = ReducerRegistry()
         self.experimental = PyTorchExperimentalContext(self)
-        self._init_services(core_context, enable_tensorboard_logging, 0 if trial is None else trial.steps_completed)
         self._amp_dtype: torch.dtype | None = None
         self._auto_scaler: Any = None
         self._auto_scaler_stepped = False
         self._optimizer_stepped_this_batch = False
-        self._moved_warned: set[type] = set()
 
     # -- wrapping -------------------------------------------------------------------------------
 
@@ -169,17 +155,6 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         self.scalers.append(scaler)
         return scaler
 
-    def wrap_reducer(
-        self,
-        reducer: MetricReducer | Callable[[list[Any]], Any],
-        name: str | None = None,
-        for_training: bool = True,
-        for_validation: bool = True,
-    ) -> MetricReducer:
-        """Register a `MetricReducer` (or a function of the list of all updates); returns the
-        object to `update()`. See `ReducerRegistry.wrap`."""
-        return self.reducers.wrap(reducer, name=name, for_training=for_training, for_validation=for_validation)
-
     # -- stepping -------------------------------------------------------------------------------
 
     def backward(
@@ -260,17 +235,6 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
 
     # -- devices and AMP ------------------------------------------------------------------------
 
-    @property
-    def device(self) -> torch.device:
-        """Where wrapped models and `to_device` data go."""
-        return self._device
-
-    def to_device(self, data: Any) -> Any:
-        """`data` moved to `device` (tensors, numeric numpy arrays, objects with `.to`, nested in
-        dicts, lists, tuples and namedtuples); anything else is returned as is, with one warning
-        per type."""
-        return to_device(data, self._device, self._moved_warned)
-
     def autocast(self, dtype: torch.dtype | None = None, enabled: bool = True) -> torch.autocast:
         """`torch.autocast` on this device: bfloat16 on CPU, float16 on GPUs unless `dtype`."""
         return _amp.make_autocast(self._device, dtype, enabled)
@@ -299,22 +263,6 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
     def _inner_models(self) -> list[torch.nn.Module]:
         """The user's modules (DDP wrappers removed), e.g. for state dicts without `module.`."""
         return [_ddp.unwrap(model) for model in self.models]
-
-
-def _pick(given: int | None, from_trial: int | None | Any, default: int) -> int:
-    if given is not None:
-        return given
-    return from_trial if isinstance(from_trial, int) and not isinstance(from_trial, bool) else default
-
-
-def _resolve_config(config: Any, trial_config: Mapping[str, Any] | None) -> ExperimentConfig:
-    if isinstance(config, ExperimentConfig):
-        return config
-    if config is not None:
-        return load_config(dict(config))
-    if trial_config is not None:
-        return load_config(dict(trial_config))
-    raise TypeError("PyTorchTrialContext needs `config` (an ExperimentConfig or dict) or a `core_context`")
 
 
 def _resolve_aggregation(argument: int, config: ExperimentConfig) -> int:
