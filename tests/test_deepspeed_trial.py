@@ -18,6 +18,7 @@ from deepspeed_trials import DSTrial, TorchTwin, config, ds_config, make_model, 
 import determined_trials as det
 from determined_trials import deepspeed as det_ds
 from determined_trials import pytorch
+from determined_trials.cli.main import main as cli_main
 from determined_trials.errors import ConfigError
 
 FIT: dict[str, Any] = {"max_length": det_ds.Batch(20), "reporting_period": det_ds.Batch(6),
@@ -69,6 +70,11 @@ def test_a_checkpoint_holds_every_shard_and_consolidates(tmp_path: Path, stage: 
     assert [p.detach().reshape(-1).tolist() for p in model.parameters()] == weights(trial.engine)
     with pytest.raises(FileNotFoundError, match="no engine checkpoint 'model7'"):
         det_ds.consolidate_checkpoint(folder, tag="model7")
+    export = tmp_path / "export"
+    assert cli_main(["--run-dir", str(tmp_path / "run"), "checkpoint", "export", checkpoint.uuid, str(export),
+                     "--consolidate"]) == 0
+    exported = torch.load(export / "model0_consolidated.pt", weights_only=True)
+    assert exported.keys() == state.keys() and all(torch.equal(exported[k], state[k]) for k in state)
 
 
 def test_from_config_builds_a_context_for_debugging() -> None:
