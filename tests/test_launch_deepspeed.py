@@ -114,3 +114,21 @@ def test_a_failing_rank_stops_the_torch_distributed_job_within_seconds(
     assert "rank 1 failed with exit code" in launch.output and "RuntimeError: boom in batch 3" in launch.output
     assert max(launch.batches()[0]) < 8
     _assert_nothing_left(launch, tmp_path)
+
+
+def test_the_command_wraps_deepspeeds_runner_with_overrides_last(tmp_path: Path) -> None:
+    from determined_trials.config import load_config
+    from determined_trials.launch import _args
+    from determined_trials.launch.deepspeed import build_command
+
+    two = load_config(_config(tmp_path, "two.yaml"))
+    cmd, env = build_command(_args.parse(["--trial", "m.py:T"], engine="deepspeed"), two)
+    runner = cmd[cmd.index("deepspeed.launcher.runner") + 1:cmd.index("determined_trials.launch.wrap_rank") - 2]
+    assert runner[:2] == ["--num_gpus", "2"] and runner[-2:] == ["--no_python", "--no_local_rank"]
+    assert cmd[-3:] == ["determined_trials.launch.harness", "--trial", "m.py:T"] and "RANK" in cmd
+    assert env["USE_DEEPSPEED"] == "1" and env["DET_CHIEF_IP"] == "127.0.0.1"
+    cmd, _ = build_command(_args.parse(["--hostfile", "hosts", "--", "train.py"], engine="deepspeed"), two)
+    assert "--num_gpus" not in cmd and cmd[cmd.index("--no_local_rank") + 1:][:2] == ["--hostfile", "hosts"]
+    one = load_config(_config(tmp_path, "one.yaml").read_text().replace("slots_per_trial: 2", "slots_per_trial: 1"))
+    cmd, _ = build_command(_args.parse(["--trial", "m.py:T"], engine="deepspeed"), one)
+    assert "deepspeed.launcher.runner" not in cmd and cmd[cmd.index("determined_trials.launch.wrap_rank") + 1] == "0"
