@@ -1,7 +1,7 @@
 """Training-time overhead of a DeepSpeedTrial run by ``Trainer.fit`` over a hand-written DeepSpeed engine
 loop doing the same work, for ZeRO stage 0 and stage 2, in one process.
 
-Usage: DET_DEEPSPEED_SHM_COMM=0 python benchmarks/deepspeed_overhead.py [--rounds 7] [--batches 400] [--quick]
+Usage: DET_DEEPSPEED_SHM_COMM=0 python benchmarks/deepspeed_overhead.py [--rounds 7] [--batches 1000] [--quick]
 
 Both run the MLP and synthetic data of ``overhead.py`` as a DeepSpeed engine (``torch_adam``, micro-batch
 32, 2 gradient-accumulation steps, so a batch is 64 records), for ``--batches`` batches, reporting the
@@ -146,7 +146,7 @@ def _trial(stage: int, batches: int, run_dir: Path) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--batches", type=int, default=400)
+    parser.add_argument("--batches", type=int, default=1000)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 40 batches (a smoke run, not a measurement)")
     args = parser.parse_args(argv)
     rounds, batches = (2, 40) if args.quick else (args.rounds, args.batches)

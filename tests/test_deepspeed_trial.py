@@ -107,8 +107,8 @@ def test_overwrite_deepspeed_config_merges_leaves_and_leaves_inputs_alone(tmp_pa
 
 def test_the_two_import_paths_are_one_module() -> None:
     code = ("import determined_trials.pytorch.deepspeed as x; from determined_trials import deepspeed as y\n"
-            "from determined_trials.pytorch import deepspeed as z\n"
-            "print(x is y is z, x.DeepSpeedTrial is y.DeepSpeedTrial)")  # test_import_rules: no deepspeed
+            "from determined_trials.pytorch import deepspeed as z\nimport determined_trials as det\n"
+            "print(x is y is z is det.pytorch.deepspeed, x.DeepSpeedTrial is y.DeepSpeedTrial)")  # test_import_rules: no deepspeed
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["True", "True"]
 
