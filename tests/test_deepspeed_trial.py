@@ -138,6 +138,12 @@ class _OneMicroBatch(DSTrial):
         context.disable_auto_grad_accumulation()  # but train_batch below still runs one micro-batch
 
 
+class _TwoMicroBatches(DSTrial):
+    def train_batch(self, dataloader_iter: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        next(dataloader_iter)  # one micro-batch too many: the resume position would be wrong
+        return super().train_batch(dataloader_iter, epoch_idx, batch_idx)
+
+
 class _WrongBatchSize(DSTrial):
     def build_training_data_loader(self) -> pytorch.DataLoader:
         return pytorch.DataLoader(super().build_training_data_loader().dataset, batch_size=3)
@@ -149,6 +155,8 @@ class _WrongBatchSize(DSTrial):
     (_RawLoader, {}, TypeError, "not a det.pytorch.DataLoader.*disable_dataset_reproducibility_checks"),
     (_OneMicroBatch, {"gas": 2}, RuntimeError, r"took 0 optimizer steps, expected exactly 1.*"
                                                 r"gradient_accumulation_steps \(2\).*= 8 records"),
+    (_TwoMicroBatches, {}, RuntimeError, "batch 0: train_batch took 2 micro-batches from dataloader_iter, but one "
+                                         "batch is gradient_accumulation_steps = 1 micro-batches"),
     (_WrongBatchSize, {}, ValueError, "batch_size=3 but the DeepSpeed config has train_micro_batch_size_per_gpu=4"),
 ])
 def test_trial_errors(tmp_path: Path, trial_cls: Any, hparams: dict[str, Any], error: type, match: str) -> None:
@@ -199,3 +207,17 @@ def test_the_trainer_rejects_a_context_not_from_init() -> None:
     context = det_ds.DeepSpeedTrialContext.from_config(config())
     with pytest.raises(TypeError, match=r"needs the context from `with det.deepspeed.init\(\)"):
         det_ds.Trainer(DSTrial(context), context)
+
+
+def test_grouped_plan_keeps_whole_groups_per_epoch_and_starts_anywhere() -> None:
+    from determined_trials.pytorch._data_plan import DefaultOrders, GroupedPlan, SampleOrderPlan
+
+    inner = SampleOrderPlan(DefaultOrders(10, False, 0), per_rank=1, drop_last=False, rank=0, num_replicas=1)
+    plan = GroupedPlan(inner, 3)  # 10 micro-batches per epoch: 3 groups of 3, the 10th is dropped
+    assert plan.epoch_len == 9
+    stream = plan.batches(0)
+    assert [next(stream) for _ in range(12)] == [[i] for i in range(9)] + [[0], [1], [2]]
+    resumed = plan.batches(7)  # mid-group of epoch 0 (kept-step numbering)
+    assert [next(resumed) for _ in range(5)] == [[7], [8], [0], [1], [2]]
+    with pytest.raises(ValueError, match="has 10 micro-batches per rank, fewer than the 11"):
+        GroupedPlan(inner, 11)
