@@ -77,6 +77,21 @@ def test_a_checkpoint_holds_every_shard_and_consolidates(tmp_path: Path, stage: 
     assert exported.keys() == state.keys() and all(torch.equal(exported[k], state[k]) for k in state)
 
 
+class _OptedOutRawLoader(DSTrial):
+    def __init__(self, context: det_ds.DeepSpeedTrialContext) -> None:
+        super().__init__(context)
+        context.disable_dataset_reproducibility_checks()
+
+    def build_training_data_loader(self) -> Any:
+        return torch.utils.data.DataLoader(super().build_training_data_loader().dataset, batch_size=4)
+
+
+def test_a_raw_loader_after_the_opt_out_trains_in_whole_batches(tmp_path: Path) -> None:
+    trial = _fit(tmp_path, _OptedOutRawLoader, gas=2, fit={**FIT, "max_length": det_ds.Epoch(1)})
+    assert trial.engine.global_steps == 8 and trial.calls == 16  # 64 records: 16 micro-batches, 8 batches
+    assert [e for e in trial.events if e[0].startswith("epoch")] == [("epoch_start", 0), ("epoch_end", 0)]
+
+
 def test_from_config_builds_a_context_for_debugging() -> None:
     context = det_ds.DeepSpeedTrialContext.from_config(config(stage=0))
     trial = DSTrial(context)
