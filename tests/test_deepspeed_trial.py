@@ -206,7 +206,7 @@ def test_context_errors() -> None:
 
 def test_the_harness_takes_a_deepspeed_trial_and_names_what_an_incomplete_one_lacks(tmp_path: Path) -> None:
     from determined_trials.launch._trial_spec import TrialSpecError
-    from determined_trials.launch.harness import load_trial
+    from determined_trials.launch.harness import load_pytorch_trial as load_trial  # any family of the harness
 
     (tmp_path / "ds_spec_a.py").write_text(
         "from deepspeed_trials import DSTrial\nfrom determined_trials import deepspeed as det_ds\n\n"
@@ -214,7 +214,7 @@ def test_the_harness_takes_a_deepspeed_trial_and_names_what_an_incomplete_one_la
         "class Incomplete(det_ds.DeepSpeedTrial):\n    def __init__(self, context):\n        pass\n"
     )
     assert load_trial("ds_spec_a.py:Mine", tmp_path).__name__ == "Mine"
-    with pytest.raises(TrialSpecError, match="does not define build_training_data_loader.*a DeepSpeedTrial needs"):
+    with pytest.raises(TrialSpecError, match="Incomplete does not define build_training_data_loader.*a DeepSpeedTrial needs them"):
         load_trial("ds_spec_a.py:Incomplete", tmp_path)
 
 

@@ -1,6 +1,6 @@
-"""``python -m determined_trials.launch.harness --trial FILEPATH:ClassName``: train one PyTorchTrial or
-DeepSpeedTrial (the ``TRAINERS`` table) on this process, with the experiment configuration's periods,
-under whatever launcher started it.
+"""``python -m determined_trials.launch.harness --trial FILEPATH:ClassName``: train one PyTorchTrial (or
+DeepSpeedTrial) on this process, with the experiment configuration's periods, under whatever launcher
+started it.
 
 Options: ``--config PATH`` (else ``$DET_EXPERIMENT_CONFIG``, else the launcher's cluster info),
 ``--context-dir DIR`` (where the trial file lives; default: the working directory),
@@ -39,14 +39,15 @@ from determined_trials.launch._trial_spec import (
     trial_family,
 )
 
-__all__ = ["CONFIG_ENV", "LATEST_CHECKPOINT_ENV", "TRAINERS", "load_pytorch_trial", "load_trial", "main",
-           "resolve_latest_checkpoint"]
+__all__ = ["CONFIG_ENV", "LATEST_CHECKPOINT_ENV", "load_pytorch_trial", "main", "resolve_latest_checkpoint"]
 
 CONFIG_ENV = "DET_EXPERIMENT_CONFIG"
 LATEST_CHECKPOINT_ENV = "DET_LATEST_CHECKPOINT"
 USAGE_EXIT_CODE = 2
 _PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 logger = logging.getLogger("determined_trials.launch")
+# trial family -> module with check_trial(cls) and train(cls, config, fit_arguments, on_ready); PyTorchTrial is below
+_FAMILY_TRAINERS = {"DeepSpeedTrial": "determined_trials.deepspeed._harness"}
 
 
 class HarnessError(Exception):
@@ -82,48 +83,46 @@ class _EarlySignals:
         os.kill(os.getpid(), signum)
 
 
-# trial family -> (the package whose init() and Trainer run it, the module with its check_trial_class)
-TRAINERS = {
-    "PyTorchTrial": ("determined_trials.pytorch", "determined_trials.pytorch._trial"),
-    "DeepSpeedTrial": ("determined_trials.deepspeed", "determined_trials.deepspeed._trial"),
-}
-
-
-def load_trial(spec_text: str, context_dir: str | os.PathLike[str] = ".") -> type:
-    """The trial class (of a family in ``TRAINERS``) a ``--trial`` spec names; ``TrialSpecError`` otherwise."""
+def load_pytorch_trial(spec_text: str, context_dir: str | os.PathLike[str] = ".") -> type:
+    """The PyTorchTrial class a ``--trial`` spec names; ``TrialSpecError`` with advice otherwise."""
     spec = parse_trial_spec(spec_text, context_dir)
     cls = import_trial_class(spec)
-    _check_trial(cls, spec)
+    _check_pytorch_trial(cls, spec)
     return cls
 
 
-load_pytorch_trial = load_trial  # the name of the PyTorch-only first version
-
-
-def _check_trial(cls: type, spec: TrialSpec) -> None:
+def _check_pytorch_trial(cls: type, spec: TrialSpec) -> None:
     family = trial_family(cls)
     name = f"{cls.__name__!r} in {spec.where}"
+    if family in _FAMILY_TRAINERS:
+        try:
+            importlib.import_module(_FAMILY_TRAINERS[family]).check_trial(cls)
+        except TypeError as exc:
+            raise TrialSpecError(f"--trial {spec.text!r}: {exc}") from None
+        return
     if family is None:
         bases = ", ".join(base.__name__ for base in cls.__bases__)
         raise TrialSpecError(f"--trial {spec.text!r}: {name} is not a trial class (its bases: {bases}); "
                              "make it subclass det.pytorch.PyTorchTrial")
-    if family not in TRAINERS:
+    if family != "PyTorchTrial":
         raise TrialSpecError(
-            f"--trial {spec.text!r}: {name} is a {family}, and this harness runs {' and '.join(TRAINERS)} only; "
-            f"launch it with: python -m {FAMILY_LAUNCHERS[family]} --trial {spec.text}"
-        )
-    package, checks = (importlib.import_module(module) for module in TRAINERS[family])
-    base = getattr(package, family)
-    if not issubclass(cls, base):
-        raise TrialSpecError(
-            f"--trial {spec.text!r}: {name} subclasses another package's {family}, not {base.__module__}.{family}; "
-            f"import it from determined_trials ({package.__name__}.{family})"
+            f"--trial {spec.text!r}: {name} is a {family}, and this harness runs PyTorchTrial only; launch it "
+            f"with: python -m {FAMILY_LAUNCHERS[family]} --trial {spec.text}"
         )
     if inspect.isabstract(cls):
         missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
-        raise TrialSpecError(f"--trial {spec.text!r}: {name} does not define {missing}; a {family} needs them")
+        raise TrialSpecError(f"--trial {spec.text!r}: {name} does not define {missing}; a PyTorchTrial needs them")
+    from determined_trials.pytorch import PyTorchTrial
+    from determined_trials.pytorch._trial import check_trial_class
+
+    if not issubclass(cls, PyTorchTrial):
+        base = next(b for b in cls.__mro__ if b.__name__ == "PyTorchTrial")
+        raise TrialSpecError(
+            f"--trial {spec.text!r}: {name} subclasses {base.__module__}.PyTorchTrial, not this package's; "
+            "import it with `from determined_trials import pytorch` (pytorch.PyTorchTrial)"
+        )
     try:
-        checks.check_trial_class(cls)
+        check_trial_class(cls)
     except TypeError as exc:
         raise TrialSpecError(f"--trial {spec.text!r}: {exc}") from None
 
@@ -131,7 +130,7 @@ def _check_trial(cls: type, spec: TrialSpec) -> None:
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m determined_trials.launch.harness",
-        description="Train a PyTorchTrial or DeepSpeedTrial on this process (one rank of a launch).",
+        description="Train a PyTorchTrial on this process (one rank of a launch).",
     )
     parser.add_argument("legacy_trial", nargs="?", metavar="module:Class", help="legacy form of --trial")
     parser.add_argument("--trial", help="FILEPATH:ClassName (or module:ClassName)")
@@ -214,14 +213,19 @@ def _train(trial_cls: type, config: Any, latest_checkpoint: str | None, early: _
     from determined_trials.loop import ExitReason
 
     family = trial_family(trial_cls)
-    assert family is not None
-    package = importlib.import_module(TRAINERS[family][0])
-    trainer = None
-    with package.init(exp_conf=config) as context:  # swallows InvalidHP: the trial ends early, as a success
-        early.hand_over()
-        trainer = package.Trainer(trial_cls(context), context)
-        trainer.fit(**_fit_arguments(config, latest_checkpoint))
-    if trainer is None or trainer.exit_reason is not ExitReason.PREEMPTED:
+    if family in _FAMILY_TRAINERS:
+        train = importlib.import_module(_FAMILY_TRAINERS[family]).train
+        exit_reason = train(trial_cls, config, _fit_arguments(config, latest_checkpoint), early.hand_over)
+    else:
+        from determined_trials import pytorch
+
+        trainer = None
+        with pytorch.init(exp_conf=config) as context:  # swallows InvalidHP: the trial ends early, as a success
+            early.hand_over()
+            trainer = pytorch.Trainer(trial_cls(context), context)
+            trainer.fit(**_fit_arguments(config, latest_checkpoint))
+        exit_reason = None if trainer is None else trainer.exit_reason
+    if exit_reason is not ExitReason.PREEMPTED:
         return 0
     folder = launch_dir()
     if folder is None:
@@ -240,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = _load_experiment_config(args.config)
         _configure_logging(config.debug)
         latest = resolve_latest_checkpoint(args.latest_checkpoint or os.environ.get(LATEST_CHECKPOINT_ENV))
-        trial_cls = load_trial(args.trial, args.context_dir)
+        trial_cls = load_pytorch_trial(args.trial, args.context_dir)
     except (HarnessError, TrialSpecError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE_EXIT_CODE

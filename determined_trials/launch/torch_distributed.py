@@ -128,13 +128,12 @@ def _environment(args: _args.LaunchArgs, additions: dict[str, str], folder: Path
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the launcher command line (default: ``sys.argv[1:]``); returns the exit status."""
-    return run_launcher(sys.argv[1:] if argv is None else argv, name=NAME, engine="torchrun", build=build_command,
-                        usage=__doc__ or "")
+    return run_launcher(sys.argv[1:] if argv is None else argv, NAME, "torchrun", build_command, __doc__ or "")
 
 
-def run_launcher(argv: Sequence[str], *, name: str, engine: str, usage: str,
-                 build: Callable[[_args.LaunchArgs, Any], tuple[list[str], dict[str, str]]]) -> int:
-    """Parse ``argv``, ``build`` the command and supervise it in a launch folder (every launcher's ``main``)."""
+def run_launcher(argv: Sequence[str], name: str, engine: str,
+                 build: Callable[[_args.LaunchArgs, Any], tuple[list[str], dict[str, str]]], usage: str) -> int:
+    """Parse ``argv``, build the command with ``build(args, config)`` and supervise it (every launcher's ``main``)."""
     try:
         args = _args.parse(argv, engine=engine)
         if args.help:
