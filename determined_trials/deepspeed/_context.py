@@ -30,6 +30,9 @@ class DeepSpeedTrialContext(TrialContext, TrainPosition, TrialServices):
     has one process, torch.distributed is started for it, and TensorBoard files go to a temporary folder.
     """
 
+    _searcher_metric_named: bool = True
+    """Whether the config's searcher (and so searcher.metric) was written by the user (see det.pytorch.init)."""
+
     def __init__(
         self,
         *,
