@@ -72,3 +72,19 @@ config-reference: venv
 
 benchmark-ray: venv
 	$(BIN)/python benchmarks/ray_executor.py
+
+DEEPSPEED_EXAMPLE_RUN_DIR := det-runs/deepspeed_digits
+
+# The DeepSpeedTrial example: ZeRO-2 with gradient accumulation on 2 processes (DeepSpeed's launcher), as a
+# local experiment. DET_DEEPSPEED_SHM_COMM=0 skips the 35 s JIT build of DeepSpeed's CPU shared-memory op.
+example-deepspeed: venv
+	rm -rf $(DEEPSPEED_EXAMPLE_RUN_DIR)
+	DET_DEEPSPEED_SHM_COMM=0 $(BIN)/det-trials --run-dir $(DEEPSPEED_EXAMPLE_RUN_DIR) experiment create --no-progress \
+		examples/deepspeed_digits/const.yaml examples/deepspeed_digits
+	$(BIN)/det-trials --run-dir $(DEEPSPEED_EXAMPLE_RUN_DIR) checkpoint list
+
+# DeepSpeedTrial through Trainer.fit against a hand-written DeepSpeed engine loop (ZeRO 0 and 2, 1 process).
+benchmark-deepspeed: venv
+	DET_DEEPSPEED_SHM_COMM=0 $(BIN)/python benchmarks/deepspeed_overhead.py
+
+.PHONY: example-deepspeed benchmark-deepspeed

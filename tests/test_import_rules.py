@@ -78,3 +78,10 @@ def test_a_local_experiment_never_imports_ray(tmp_path: Path) -> None:
     """)
     assert "determined_trials.experiment._runner" in loaded
     assert "ray" not in {m.split(".")[0] for m in loaded}
+
+@pytest.mark.parametrize("module", ["determined_trials.pytorch", "determined_trials.deepspeed",
+                                    "determined_trials.pytorch.deepspeed"])
+def test_the_torch_packages_import_no_deepspeed(module: str) -> None:
+    """deepspeed is imported when an engine is wrapped or det.deepspeed.init() runs, not before."""
+    loaded = _modules_after(f"import {module}")
+    assert "deepspeed" not in {m.split(".")[0] for m in loaded}

@@ -1,4 +1,4 @@
-"""``det-trials experiment create|continue``, ``trial logs`` and ``checkpoint export``: the commands
+"""``det-trials experiment create|continue``, ``trial logs`` and ``checkpoint export [--consolidate]``: the commands
 that run local experiments and get their output out (added to the existing command groups)."""
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                                  "copy a checkpoint out of storage into a folder")
     export.add_argument("uuid", metavar="UUID", help="checkpoint uuid")
     export.add_argument("dest", metavar="DIR", help="destination folder (created; must be empty)")
+    export.add_argument("--consolidate", metavar="TAG", nargs="?", const="model0", default=None,
+                        help="DeepSpeedTrial checkpoints: also write TAG's (default model0) ZeRO shards merged into "
+                             "one plain state_dict, DIR/<TAG>_consolidated.pt")
 
 
 def _print_result(result: object) -> int:
@@ -174,4 +177,21 @@ def _export(args: argparse.Namespace) -> int:
         shutil.rmtree(dest, ignore_errors=True)
         raise _common.CliError(f"could not export checkpoint {args.uuid} from {storage}: {exc}") from None
     print(f"checkpoint {args.uuid} ({record.steps_completed} steps) exported to {dest}")
+    if args.consolidate:
+        print(f"one state_dict of its DeepSpeed engine {args.consolidate!r}: {_consolidate(dest, args.consolidate)}")
     return 0
+
+
+def _consolidate(folder: Path, tag: str) -> Path:
+    """Write engine ``tag``'s ZeRO shards of a DeepSpeedTrial checkpoint in ``folder`` as one state_dict."""
+    import torch
+
+    from determined_trials.deepspeed import consolidate_checkpoint
+
+    try:
+        state = consolidate_checkpoint(folder, tag=tag)
+    except (FileNotFoundError, ValueError) as exc:
+        raise _common.CliError(f"--consolidate: {exc}") from None
+    out = folder / f"{tag}_consolidated.pt"
+    torch.save(state, out)
+    return out

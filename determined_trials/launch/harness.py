@@ -1,5 +1,6 @@
 """``python -m determined_trials.launch.harness --trial FILEPATH:ClassName``: train one PyTorchTrial (or
-TFKerasTrial) on this process, with the experiment configuration's periods, under whatever launcher started it.
+TFKerasTrial or DeepSpeedTrial) on this process, with the experiment configuration's periods, under whatever
+launcher started it.
 
 Options: ``--config PATH`` (else ``$DET_EXPERIMENT_CONFIG``, else the launcher's cluster info),
 ``--context-dir DIR`` (where the trial file lives; default: the working directory),
@@ -46,7 +47,8 @@ USAGE_EXIT_CODE = 2
 _PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 logger = logging.getLogger("determined_trials.launch")
 # trial family -> module with check_trial(cls) and train(cls, config, fit_arguments, on_ready); PyTorchTrial is below
-_FAMILY_TRAINERS = {"TFKerasTrial": "determined_trials.keras._harness"}
+_FAMILY_TRAINERS = {"TFKerasTrial": "determined_trials.keras._harness",
+                    "DeepSpeedTrial": "determined_trials.deepspeed._harness"}
 
 
 class HarnessError(Exception):

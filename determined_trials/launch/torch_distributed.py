@@ -18,7 +18,7 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_launcher(sys.argv[1:] if argv is None else argv, NAME, "torchrun", build_command, __doc__ or "")
 
 
-def run_launcher(argv: Sequence[str], name: str, engine: str, build: Any, usage: str) -> int:
-    """Parse, build the command with ``build(args, config)``, supervise it; a ``--trial`` of another family
-    on several slots is handed to that family's launcher."""
+def run_launcher(argv: Sequence[str], name: str, engine: str,
+                 build: Callable[[_args.LaunchArgs, Any], tuple[list[str], dict[str, str]]], usage: str) -> int:
+    """Parse ``argv``, build the command with ``build(args, config)`` and supervise it (every launcher's
+    ``main``); a ``--trial`` of another family on several slots is handed to that family's launcher."""
     try:
         args = _args.parse(argv, engine=engine)
         if args.help:

@@ -35,3 +35,13 @@ __all__ = [
     "samplers",
     "to_device",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``det.pytorch.deepspeed``, imported on first access (it is ``det.deepspeed``; importing this package
+    imports no deepspeed)."""
+    if name == "deepspeed":
+        import importlib
+
+        return importlib.import_module("determined_trials.pytorch.deepspeed")
+    raise AttributeError(f"module 'determined_trials.pytorch' has no attribute {name!r}")

@@ -20,10 +20,12 @@ import torch
 from determined_trials.loop import HookRunner
 
 if TYPE_CHECKING:
+    from determined_trials._trial_context import TrialContext
     from determined_trials.pytorch._context import PyTorchTrialContext
     from determined_trials.pytorch._trial import PyTorchTrial
 
-__all__ = ["STATE_FILE", "LOAD_DATA_FILE", "save_trial_state", "load_trial_state", "capture_rng", "restore_rng"]
+__all__ = ["STATE_FILE", "LOAD_DATA_FILE", "save_trial_state", "load_trial_state", "capture_rng", "restore_rng",
+           "write_load_data"]
 
 STATE_FILE = "state_dict.pth"
 LOAD_DATA_FILE = "load_data.json"
@@ -103,15 +105,20 @@ def save_trial_state(path: Path, trial: PyTorchTrial, context: PyTorchTrialConte
     checkpoint = build_state_dict(context, hooks)
     hooks.call("on_checkpoint_save_start", checkpoint)
     torch.save(checkpoint, path / STATE_FILE)
+    write_load_data(path, trial, context, "PyTorchTrial")
+    hooks.call("on_checkpoint_end", str(path))
+    hooks.call("on_checkpoint_write_end", str(path))
+
+
+def write_load_data(path: Path, trial: Any, context: TrialContext, trial_type: str) -> None:
+    """Write ``load_data.json``: the trial type and class, hyperparameters and experiment config."""
     load_data = {
-        "trial_type": "PyTorchTrial",
+        "trial_type": trial_type,
         "trial_cls_spec": f"{type(trial).__module__}:{type(trial).__qualname__}",
         "hparams": context.get_hparams(),
         "experiment_config": context.get_experiment_config(),
     }
     (path / LOAD_DATA_FILE).write_text(json.dumps(load_data, indent=1))
-    hooks.call("on_checkpoint_end", str(path))
-    hooks.call("on_checkpoint_write_end", str(path))
 
 
 def read_state_file(path: Path, device: torch.device | str = "cpu", *, weights_only: bool = True) -> dict[str, Any]:

@@ -4,24 +4,20 @@ scalers and reducers, to step with gradient aggregation and AMP, and to reach Te
 from __future__ import annotations
 
 import logging
-import tempfile
-import warnings
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from determined_trials._trial_context import TrialContext
-from determined_trials.config import ExperimentConfig, load_config
+from determined_trials.config import ExperimentConfig
 from determined_trials.errors import ConfigError
 from determined_trials.pytorch import _amp, _ddp, _stepping
-from determined_trials.pytorch._device import default_device, to_device
+from determined_trials.pytorch._device import default_device
 from determined_trials.pytorch._experimental import PyTorchExperimentalContext
 from determined_trials.pytorch._lr_scheduler import LRScheduler
 from determined_trials.pytorch._position import TrainPosition
-from determined_trials.pytorch._reducer import MetricReducer, ReducerRegistry
-from determined_trials.pytorch._tensorboard import make_profiler, make_summary_writer
+from determined_trials.pytorch._services import TrialServices, trial_context_fields
 
 if TYPE_CHECKING:
     from determined_trials.core import Context
@@ -34,7 +30,7 @@ _M = TypeVar("_M", bound=torch.nn.Module)
 _O = TypeVar("_O", bound=torch.optim.Optimizer)
 
 
-class PyTorchTrialContext(TrialContext, TrainPosition):
+class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
     """The context a `PyTorchTrial` receives: wrap what you train, step, and log.
 
     Built by `det.pytorch.init()` / the trainer. Without `core_context` (e.g. `from_config`, for
@@ -57,41 +53,22 @@ class PyTorchTrialContext(TrialContext, TrainPosition):
         enable_tensorboard_logging: bool = True,
         device: torch.device | str | None = None,
     ) -> None:
-        trial = core_context.info.trial if core_context is not None else None
-        parsed = _resolve_config(config, None if trial is None else trial.config)
-        super().__init__(
-            config=parsed,
-            hparams=hparams if hparams is not None else (trial.hparams if trial else {}),
-            trial_seed=_pick(trial_seed, trial and trial.trial_seed, 0),
-            trial_id=_pick(trial_id, trial and trial.trial_id, 0),
-            experiment_id=_pick(experiment_id, trial and trial.experiment_id, 0),
-            distributed=core_context.distributed if core_context is not None else None,
-        )
+        super().__init__(**trial_context_fields(core_context, config, hparams, trial_seed, trial_id, experiment_id))
         TrainPosition.__init__(self)
-        self._core = core_context
-        self._aggregation_frequency = _resolve_aggregation(aggregation_frequency, parsed)
+        self._aggregation_frequency = _resolve_aggregation(aggregation_frequency, self.config)
         self._average_grads: dict[int, bool] = {}
         dist = self.distributed
-        self._device = torch.device(device) if device is not None else default_device(
-            dist.get_local_rank(), dist.get_size()
-        )
+        chosen = torch.device(device) if device is not None else default_device(dist.get_local_rank(), dist.get_size())
+        self._init_services(core_context, enable_tensorboard_logging, chosen)
         self.models: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_schedulers: list[LRScheduler] = []
         self.scalers: list[Any] = []
-        self.reducers = ReducerRegistry()
         self.experimental = PyTorchExperimentalContext(self)
-        self.set_enable_tensorboard_logging(enable_tensorboard_logging)
-        self._stop_requested = False
-        self._initial_batch = 0 if trial is None else trial.steps_completed
         self._amp_dtype: torch.dtype | None = None
         self._auto_scaler: Any = None
         self._auto_scaler_stepped = False
         self._optimizer_stepped_this_batch = False
-        self._moved_warned: set[type] = set()
-        self._tb_writer: Any = None
-        self._tb_fallback: Path | None = None
-        self._profiler: torch.profiler.profile | None = None
 
     # -- wrapping -------------------------------------------------------------------------------
 
@@ -182,17 +159,6 @@ class PyTorchTrialContext(TrialContext, TrainPosition):
         self.scalers.append(scaler)
         return scaler
 
-    def wrap_reducer(
-        self,
-        reducer: MetricReducer | Callable[[list[Any]], Any],
-        name: str | None = None,
-        for_training: bool = True,
-        for_validation: bool = True,
-    ) -> MetricReducer:
-        """Register a `MetricReducer` (or a function of the list of all updates); returns the
-        object to `update()`. See `ReducerRegistry.wrap`."""
-        return self.reducers.wrap(reducer, name=name, for_training=for_training, for_validation=for_validation)
-
     # -- stepping -------------------------------------------------------------------------------
 
     def backward(
@@ -273,17 +239,6 @@ class PyTorchTrialContext(TrialContext, TrainPosition):
 
     # -- devices and AMP ------------------------------------------------------------------------
 
-    @property
-    def device(self) -> torch.device:
-        """Where wrapped models and `to_device` data go."""
-        return self._device
-
-    def to_device(self, data: Any) -> Any:
-        """`data` moved to `device` (tensors, numeric numpy arrays, objects with `.to`, nested in
-        dicts, lists, tuples and namedtuples); anything else is returned as is, with one warning
-        per type."""
-        return to_device(data, self._device, self._moved_warned)
-
     def autocast(self, dtype: torch.dtype | None = None, enabled: bool = True) -> torch.autocast:
         """`torch.autocast` on this device: bfloat16 on CPU, float16 on GPUs unless `dtype`."""
         return _amp.make_autocast(self._device, dtype, enabled)
@@ -312,76 +267,6 @@ class PyTorchTrialContext(TrialContext, TrainPosition):
     def _inner_models(self) -> list[torch.nn.Module]:
         """The user's modules (DDP wrappers removed), e.g. for state dicts without `module.`."""
         return [_ddp.unwrap(model) for model in self.models]
-
-    def set_stop_requested(self, stop_requested: bool) -> None:
-        """Ask the trainer to stop (with a checkpoint) at the end of the current batch."""
-        if not isinstance(stop_requested, bool):
-            raise TypeError(f"set_stop_requested takes True or False, got {stop_requested!r}")
-        self._stop_requested = stop_requested
-
-    def get_stop_requested(self) -> bool:
-        """Whether a stop was requested with `set_stop_requested(True)`."""
-        return self._stop_requested
-
-    def get_initial_batch(self) -> int:
-        """The number of batches trained before this run started (non-zero when resuming)."""
-        return self._initial_batch
-
-    def get_enable_tensorboard_logging(self) -> bool:
-        """Whether the trainer writes reported metrics to TensorBoard."""
-        return self._enable_tensorboard_logging
-
-    def set_enable_tensorboard_logging(self, enable_tensorboard_logging: bool) -> None:
-        """Turn the trainer's TensorBoard metric logging on or off."""
-        if not isinstance(enable_tensorboard_logging, bool):
-            raise TypeError(f"enable_tensorboard_logging must be True or False, got {enable_tensorboard_logging!r}")
-        self._enable_tensorboard_logging = enable_tensorboard_logging
-
-    def get_tensorboard_path(self) -> Path:
-        """The folder for this process's TensorBoard files."""
-        if self._core is not None:
-            return Path(self._core.train.get_tensorboard_path())
-        if self._tb_fallback is None:
-            self._tb_fallback = Path(tempfile.mkdtemp(prefix="det-trials-tensorboard-"))
-            logger.info("no Core API context: TensorBoard files go to %s", self._tb_fallback)
-        return self._tb_fallback
-
-    def get_tensorboard_writer(self) -> Any:
-        """A `torch.utils.tensorboard.SummaryWriter` in the trial's TensorBoard folder (created on
-        first use; closed by the trainer at the end)."""
-        if self._tb_writer is None:
-            self._tb_writer = make_summary_writer(self.get_tensorboard_path())
-        return self._tb_writer
-
-    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
-        """Profile training with `torch.profiler.profile(*args, **kwargs)`; traces go to the
-        TensorBoard folder. The trainer enters it before training and steps it every batch."""
-        profiler = make_profiler(self.get_tensorboard_path(), args, kwargs)
-        if self._profiler is not None:
-            warnings.warn("set_profiler() called again: the new profiler replaces the first", stacklevel=2)
-        self._profiler = profiler
-
-    def _close(self) -> None:
-        """Trainer hook at shutdown: flush and close the SummaryWriter."""
-        if self._tb_writer is not None:
-            self._tb_writer.close()
-            self._tb_writer = None
-
-
-def _pick(given: int | None, from_trial: int | None | Any, default: int) -> int:
-    if given is not None:
-        return given
-    return from_trial if isinstance(from_trial, int) and not isinstance(from_trial, bool) else default
-
-
-def _resolve_config(config: Any, trial_config: Mapping[str, Any] | None) -> ExperimentConfig:
-    if isinstance(config, ExperimentConfig):
-        return config
-    if config is not None:
-        return load_config(dict(config))
-    if trial_config is not None:
-        return load_config(dict(trial_config))
-    raise TypeError("PyTorchTrialContext needs `config` (an ExperimentConfig or dict) or a `core_context`")
 
 
 def _resolve_aggregation(argument: int, config: ExperimentConfig) -> int:

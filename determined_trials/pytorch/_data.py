@@ -14,6 +14,7 @@ import torch.utils.data
 from determined_trials.pytorch._data_plan import (
     BatchSamplerPlan,
     DefaultOrders,
+    GroupedPlan,
     Order,
     Plan,
     SampleOrderPlan,
@@ -211,7 +212,7 @@ class DataLoader:
                                            **self._loader_args)
 
     def build_training_stream(
-        self, *, seed: int, rank: int = 0, num_replicas: int = 1, start_batch: int = 0,
+        self, *, seed: int, rank: int = 0, num_replicas: int = 1, start_batch: int = 0, group: int = 1,
     ) -> TrainingStream:
         """The infinite training stream of ``rank`` starting at batch ``start_batch``.
 
@@ -219,12 +220,16 @@ class DataLoader:
         (or the user's sampler, one pass per epoch). Each step's global batch is ``batch_size *
         num_replicas`` consecutive records of that order; rank r gets the r-th contiguous slice. The
         skipped batches are neither loaded nor indexed. With workers, the RNGs of the worker loading
-        batch k are seeded from (seed, k, rank) first.
+        batch k are seeded from (seed, k, rank) first. With ``group`` > 1 (DeepSpeed's gradient
+        accumulation) an epoch keeps only whole groups of steps (see ``GroupedPlan``).
         """
         _check_int("seed", seed, -(1 << 63))
         _check_int("start_batch", start_batch, 0)
         validate_layout(rank, num_replicas)
+        _check_int("group", group, 1)
         plan = self._plan(seed, rank, num_replicas)
+        if group > 1:
+            plan = GroupedPlan(plan, group)
         with_workers = self.num_workers > 0
         dataset = PositionSeededDataset(self.dataset, seed, rank) if with_workers else self.dataset
         loader = torch.utils.data.DataLoader(

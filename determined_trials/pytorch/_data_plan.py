@@ -20,6 +20,7 @@ from determined_trials.loop._data_order import (
 __all__ = [
     "BatchSamplerPlan",
     "DefaultOrders",
+    "GroupedPlan",
     "Order",
     "Plan",
     "SampleOrderPlan",
@@ -168,3 +169,26 @@ class BatchSamplerPlan:
                     f"but its len() is {self._total}; the reproducible chain needs every epoch to match len()"
                 )
             epoch, step = epoch + 1, 0
+
+
+class GroupedPlan:
+    """A plan whose steps come in groups of ``group`` (gradient-accumulation micro-batches of one
+    DeepSpeed batch): each epoch keeps its first ``(epoch_len // group) * group`` steps and drops the
+    rest, so that a group never spans two epochs. ``start`` counts kept steps."""
+
+    def __init__(self, inner: Plan, group: int) -> None:
+        if inner.epoch_len < group:
+            raise ValueError(
+                f"an epoch of the training data has {inner.epoch_len} micro-batches per rank, fewer than the "
+                f"{group} micro-batches (gradient_accumulation_steps) of one batch: use more data, a smaller "
+                "train_micro_batch_size_per_gpu or fewer gradient_accumulation_steps"
+            )
+        self._inner, self._group = inner, group
+        self.epoch_len = inner.epoch_len // group * group
+
+    def batches(self, start: int) -> Iterator[list[int]]:
+        epoch, step = divmod(start, self.epoch_len)
+        inner_len = self._inner.epoch_len
+        for position, indices in enumerate(self._inner.batches(epoch * inner_len + step), start=step):
+            if position % inner_len < self.epoch_len:
+                yield indices

@@ -7,8 +7,8 @@ import datetime
 import os
 import random
 import warnings
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -16,14 +16,21 @@ import torch
 from determined_trials import core
 from determined_trials.config import ExperimentConfig, load_config
 from determined_trials.errors import CollectiveError
-from determined_trials.loop import Batch, Controller, ExitReason, HookRunner, LoopSettings, TrainUnit
+from determined_trials.loop import Batch, Controller, ExitReason, HookRunner, LoopSettings, TrainUnit, TrialAdapter
 from determined_trials.loop._resume import interrupt_stops_training, resolve_resume
 from determined_trials.pytorch._adapter import PyTorchAdapter
 from determined_trials.pytorch._callback import overrides_hook
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._trial import PyTorchTrial, check_trial_class
 
-__all__ = ["init", "Trainer", "seed_everything"]
+__all__ = ["init", "open_trial_context", "Trainer", "seed_everything"]
+
+
+class _ClosableContext(Protocol):
+    def _close(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_ClosableContext)
 
 _DEFAULT_REPORTING_PERIOD = Batch(100)
 # The schema needs a metric name; a searcher the user did not write never enforces it (see Trainer.fit).
@@ -93,18 +100,36 @@ def init(
     trial seed (``reproducibility.experiment_seed`` locally). ``run_dir`` is a local addition.
     """
     config, metric_named = _experiment_config(exp_conf, hparams)
-    dist = distributed or _distributed_from_environment()
-    with contextlib.ExitStack() as owned:
-        if distributed is None and dist is not None:
-            owned.callback(dist.close)  # ours (from the environment): close it, or the next init collides
-        core_context = owned.enter_context(core.init(distributed=dist, config=config, run_dir=run_dir))
-        trial = core_context.info.trial
-        seed_everything(trial.trial_seed)
+
+    def make_context(core_context: core.Context) -> PyTorchTrialContext:
         context = PyTorchTrialContext(
             core_context=core_context, config=config, hparams=hparams,
             aggregation_frequency=aggregation_frequency, enable_tensorboard_logging=enable_tensorboard_logging,
         )
         context._searcher_metric_named = metric_named
+        return context
+
+    with open_trial_context(make_context, config, distributed, _distributed_from_environment, run_dir) as context:
+        yield context
+
+
+@contextlib.contextmanager
+def open_trial_context(
+    make_context: Callable[[core.Context], _C],
+    config: ExperimentConfig | None,
+    distributed: core.DistributedContext | None,
+    from_environment: Callable[[], core.DistributedContext | None],
+    run_dir: str | os.PathLike[str] | None,
+) -> Iterator[_C]:
+    """The body of every ``init()``: the Core API context (with ``distributed``, else the one
+    ``from_environment`` gives, closed at the end), seeded RNGs, then ``make_context(core)``."""
+    dist = distributed or from_environment()
+    with contextlib.ExitStack() as owned:
+        if distributed is None and dist is not None:
+            owned.callback(dist.close)  # ours (from the environment): close it, or the next init collides
+        core_context = owned.enter_context(core.init(distributed=dist, config=config, run_dir=run_dir))
+        seed_everything(core_context.info.trial.trial_seed)
+        context = make_context(core_context)
         try:
             yield context
         finally:
@@ -162,7 +187,7 @@ class Trainer:
         if overrides_hook(hooks.callbacks.values(), "on_checkpoint_end"):
             warnings.warn("PyTorchCallback.on_checkpoint_end is deprecated; override on_checkpoint_write_end "
                           "(same argument, same moment) instead", FutureWarning, stacklevel=2)
-        adapter = PyTorchAdapter(self._trial, self._context, hooks)
+        adapter = self._make_adapter(hooks)
         controller = Controller(core=core_context, adapter=adapter, hooks=hooks, settings=settings)
         with interrupt_stops_training(core_context) as exits:
             try:
@@ -171,6 +196,10 @@ class Trainer:
                 _name_unresponsive_ranks(exc, core_context.distributed)
                 raise
             exits.append(self.exit_reason)
+
+    def _make_adapter(self, hooks: HookRunner) -> TrialAdapter:
+        """The loop's adapter for this trainer's trial (the DeepSpeed Trainer gives its own)."""
+        return PyTorchAdapter(self._trial, self._context, hooks)
 
 
 def _name_unresponsive_ranks(exc: RuntimeError, dist: core.DistributedContext) -> None:

@@ -1,0 +1,225 @@
+"""The DeepSpeed adapter: the loop's "train n batches", "evaluate", "save" and "load" for a DeepSpeedTrial.
+
+One batch is ``train_micro_batch_size_per_gpu x gradient_accumulation_steps x data-parallel size``
+records (the engine's ``train_batch_size``) and exactly one optimizer step. Metrics stay on the device
+until the boundary (one host transfer, one allgather); only the ranks whose MPU reports metrics count.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from determined_trials.deepspeed._checkpoint import load_rank_state, save_rank_state
+from determined_trials.deepspeed._context import DeepSpeedTrialContext
+from determined_trials.deepspeed._data import (
+    CountingIterator,
+    batches_in,
+    require_opt_out,
+    training_stream,
+    validation_loader,
+)
+from determined_trials.deepspeed._trial import DeepSpeedTrial
+from determined_trials.loop import DataShape, HookRunner, TrialState
+from determined_trials.pytorch._data_stream import TrainingStream
+from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
+
+__all__ = ["DeepSpeedAdapter"]
+
+logger = logging.getLogger("determined_trials.deepspeed")
+
+
+class DeepSpeedAdapter:
+    """Runs one DeepSpeedTrial under the loop; saves on every rank (``sharded_save``)."""
+
+    sharded_save = True
+
+    def __init__(self, trial: DeepSpeedTrial, context: DeepSpeedTrialContext, hooks: HookRunner) -> None:
+        import deepspeed
+
+        if not context.models:
+            raise RuntimeError(f"{type(trial).__name__}.__init__ wrapped no DeepSpeed engine: call "
+                               "self.engine = context.wrap_model_engine(engine) so the harness can checkpoint it")
+        self.framework = f"deepspeed-{deepspeed.__version__}"
+        self._trial, self._context, self._hooks = trial, context, hooks
+        self._dist = context.distributed
+        self._mpu = context.mpu
+        self._engine = context.models[0]
+        self._gas = context.get_num_micro_batches_per_slot()
+        self._calls = 1 if context.use_pipeline_parallel or not context._auto_grad_accumulation else self._gas
+        self._stream: Any = None
+        self._epoch_len = 1
+        self._validation: Any = None
+        self._train_metrics = TrainingMetrics()
+
+    # -- the adapter interface -----------------------------------------------------------------
+
+    def load(self, path: Path) -> None:
+        load_rank_state(path, self._trial, self._context, self._hooks)
+
+    def start_training(self, state: TrialState) -> DataShape:
+        epoch_len: int | None = None
+        if self._mpu.should_build_data_loader:
+            loader = self._trial.build_training_data_loader()
+            require_opt_out(loader, "build_training_data_loader", self._context._dataset_checks)
+            self._stream, epoch_len = training_stream(
+                loader, seed=self._context.get_trial_seed(), rank=self._mpu.data_parallel_rank,
+                size=self._mpu.data_parallel_world_size, start_batch=state.batches_trained,
+                micro_batches=self._gas, micro_batch_size=self._context.get_train_micro_batch_size_per_gpu(),
+            )
+        self._epoch_len = self._agree_on_epoch_len(epoch_len)
+        self._context.reducers.reset(True)
+        self._train_metrics.reset()
+        return DataShape(self._epoch_len, int(self._engine.train_batch_size()))
+
+    def _agree_on_epoch_len(self, mine: int | None) -> int:
+        lengths = [n for n in self._allgather(mine) if n is not None]
+        if not lengths:
+            raise RuntimeError(
+                "no rank knows the epoch length: the training data loader has no len() (or no rank builds one); "
+                "return a det.pytorch.DataLoader or a loader over a sized dataset"
+            )
+        if len(set(lengths)) > 1:
+            logger.warning("ranks' training loaders have different epoch lengths %s; using the shortest", lengths)
+        return min(lengths)
+
+    def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
+        context, trial, engine, hooks = self._context, self._trial, self._engine, self._hooks
+        epoch_len, calls, stream = self._epoch_len, self._calls, self._stream
+        add_metrics, reducers = self._train_metrics.add, context.reducers
+        reports, profiler = self._mpu.should_report_metrics, context._profiler
+        for _ in range(num_batches):
+            batch_idx = state.batches_trained
+            epoch_idx, in_epoch = divmod(batch_idx, epoch_len)
+            if in_epoch == 0:
+                hooks.call("on_training_epoch_start", epoch_idx)
+            context._set_position(batch_idx, epoch_len)
+            steps, position = engine.global_steps, getattr(stream, "position", None)
+            for _ in range(calls):
+                output = trial.train_batch(stream, epoch_idx, batch_idx)
+                if reports:
+                    add_metrics(output)
+            self._check_batch(batch_idx, engine.global_steps - steps, position)
+            reducers.batch_end()
+            state.batches_trained += 1
+            if in_epoch + 1 == epoch_len:
+                hooks.call("on_training_epoch_end", epoch_idx)
+                state.epochs_trained += 1
+            if profiler is not None:
+                profiler.step()
+            if should_stop():
+                break
+
+    def _check_batch(self, batch_idx: int, steps: int, position: int | None) -> None:
+        """One batch must be exactly one optimizer step over exactly ``gas`` micro-batches."""
+        if steps != 1:
+            raise RuntimeError(
+                f"batch {batch_idx}: the DeepSpeed engine took {steps} optimizer steps, expected exactly 1. One batch "
+                f"is train_micro_batch_size_per_gpu ({self._context.get_train_micro_batch_size_per_gpu()}) x "
+                f"gradient_accumulation_steps ({self._gas}) x data-parallel size "
+                f"({self._mpu.data_parallel_world_size}) = {self._engine.train_batch_size()} records; "
+                + ("train_batch is called once per micro-batch: call engine.backward(loss) and engine.step() in each"
+                   if self._calls > 1 else
+                   f"train_batch must run all {self._gas} micro-batches (engine.backward + engine.step each)")
+            )
+        if position is not None and isinstance(self._stream, TrainingStream):
+            taken = self._stream.position - position
+            if taken != self._gas:
+                raise RuntimeError(
+                    f"batch {batch_idx}: train_batch took {taken} micro-batches from dataloader_iter, but one batch "
+                    f"is gradient_accumulation_steps = {self._gas} micro-batches"
+                    + (" (one per train_batch call)" if self._calls > 1 else "")
+                )
+
+    def stop_requested(self) -> bool:
+        return self._context.get_stop_requested()
+
+    def training_metrics(self) -> dict[str, Any]:
+        reducers, reports = self._context.reducers, self._mpu.should_report_metrics
+        payload = (self._train_metrics.summary(), reducers.per_slot(True)) if reports else None
+        gathered = [g for g in self._allgather(payload) if g is not None]
+        metrics = self._train_metrics.combine([g[0] for g in gathered])
+        if reducers.has_reducers(True) and gathered:
+            metrics.update(reducers.cross_slot(True, [g[1] for g in gathered]))
+        self._train_metrics.reset()
+        reducers.reset(True)
+        return metrics
+
+    def validate(self, *, test_mode: bool = False) -> dict[str, Any]:
+        engines = self._context.models
+        for engine in engines:
+            engine.eval()
+        self._context.reducers.reset(False)
+        try:
+            with torch.no_grad():
+                return self._evaluate(test_mode)
+        finally:
+            for engine in engines:
+                engine.train()
+            self._context.reducers.reset(True)  # updates made while validating are not training's
+
+    def save(self, path: Path) -> None:
+        save_rank_state(path, self._trial, self._context, self._hooks)
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    # -- validation ----------------------------------------------------------------------------
+
+    def _validation_data(self) -> Any:
+        if self._validation is None and self._mpu.should_build_data_loader:
+            loader = self._trial.build_validation_data_loader()
+            require_opt_out(loader, "build_validation_data_loader", self._context._dataset_checks)
+            self._validation = validation_loader(loader, seed=self._context.get_trial_seed(),
+                                                 rank=self._mpu.data_parallel_rank,
+                                                 size=self._mpu.data_parallel_world_size)
+        return self._validation
+
+    def _num_calls(self, loader: Any) -> int | None:
+        """evaluate_batch calls on this rank: one per batch; a pipeline's stages agree on whole GAS groups."""
+        mine = batches_in(loader) if loader is not None else None
+        if not self._context.use_pipeline_parallel:
+            return mine
+        counts = [n for n in self._allgather(mine) if n is not None]
+        if not counts or min(counts) < self._gas:
+            raise RuntimeError(
+                f"the validation loaders have {counts or 'no'} batches, fewer than gradient_accumulation_steps "
+                f"({self._gas}): a pipeline engine's eval_batch takes that many micro-batches per call"
+            )
+        return min(counts) // self._gas
+
+    def _evaluate(self, test_mode: bool) -> dict[str, Any]:
+        loader = self._validation_data()
+        calls = self._num_calls(loader)
+        iterator = CountingIterator(loader) if loader is not None else None
+        metrics = ValidationMetrics(self._trial.evaluation_reducer())
+        reports, reducers = self._mpu.should_report_metrics, self._context.reducers
+        batch_idx = 0
+        while calls is None or batch_idx < calls:
+            try:
+                output = self._trial.evaluate_batch(iterator, batch_idx)
+            except StopIteration:
+                if calls is not None:
+                    raise
+                break  # a raw loader without len ran out
+            if reports:
+                metrics.add(output, iterator.take_records() if iterator is not None else 0)
+            reducers.batch_end()
+            batch_idx += 1
+            if test_mode:
+                break
+        payload = (metrics.summary(), reducers.per_slot(False)) if reports else None
+        gathered = [g for g in self._allgather(payload) if g is not None]
+        result = metrics.combine([g[0] for g in gathered])
+        if reducers.has_reducers(False):
+            result.update(reducers.cross_slot(False, [g[1] for g in gathered]))
+        return result
+
+    def _allgather(self, payload: Any) -> list[Any]:
+        return self._dist.allgather(payload) if self._dist.get_size() > 1 else [payload]

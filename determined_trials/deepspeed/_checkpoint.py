@@ -1,0 +1,85 @@
+"""What a DeepSpeedTrial checkpoint holds besides the engines' own files: per rank, the callbacks'
+state and every RNG (``det_state_rank<R>.pth``); on the chief, ``load_data.json``. And turning a
+checkpoint into one plain ``state_dict`` for inference."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from determined_trials.loop import HookRunner
+from determined_trials.pytorch._checkpoint_io import capture_rng, restore_rng, write_load_data
+
+if TYPE_CHECKING:
+    from determined_trials.deepspeed._context import DeepSpeedTrialContext
+    from determined_trials.deepspeed._trial import DeepSpeedTrial
+
+__all__ = ["consolidate_checkpoint", "load_rank_state", "rank_state_file", "save_rank_state"]
+
+_RANK_FILE = re.compile(r"^det_state_rank(\d+)\.pth$")
+
+
+def rank_state_file(path: Path, rank: int) -> Path:
+    """Where ``rank`` keeps its harness state in a checkpoint folder."""
+    return path / f"det_state_rank{rank}.pth"
+
+
+def save_rank_state(path: Path, trial: DeepSpeedTrial, context: DeepSpeedTrialContext, hooks: HookRunner) -> None:
+    """On every rank: the harness state file, ``load_data.json`` (chief), then ``trial.save``."""
+    rank = context.distributed.get_rank()
+    state = {"callbacks": hooks.state_dict(), "rng_state": capture_rng()}
+    hooks.call("on_checkpoint_save_start", state)
+    torch.save(state, rank_state_file(path, rank))
+    if rank == 0:
+        write_load_data(path, trial, context, "DeepSpeedTrial")
+    trial.save(context, path)
+    hooks.call("on_checkpoint_end", str(path))
+    hooks.call("on_checkpoint_write_end", str(path))
+
+
+def load_rank_state(path: Path, trial: DeepSpeedTrial, context: DeepSpeedTrialContext, hooks: HookRunner) -> None:
+    """On every rank: ``trial.load`` (the engines), then this rank's callbacks and RNGs."""
+    rank = context.distributed.get_rank()
+    file = rank_state_file(path, rank)
+    if not file.exists():
+        saved = sorted(int(m.group(1)) for f in path.iterdir() if (m := _RANK_FILE.match(f.name)))
+        if not saved:
+            raise FileNotFoundError(f"{path} has no det_state_rank<R>.pth: it is not a DeepSpeedTrial checkpoint")
+        raise RuntimeError(
+            f"checkpoint {path} was written by {len(saved)} rank(s) but this job has rank {rank} of "
+            f"{context.distributed.get_size()}; resume with the same number of processes"
+        )
+    state: dict[str, Any] = torch.load(file, map_location="cpu", weights_only=True)
+    hooks.call("on_checkpoint_load_start", state)
+    trial.load(context, path)
+    hooks.load_state_dict(state.get("callbacks", {}))
+    restore_rng(state["rng_state"])
+
+
+def consolidate_checkpoint(path: str | os.PathLike[str], tag: str = "model0") -> dict[str, torch.Tensor]:
+    """One plain fp32 ``state_dict`` of engine ``tag`` from a DeepSpeedTrial checkpoint folder (ZeRO 0,
+    1 or 2, any number of ranks), e.g. for ``model.load_state_dict`` in inference code.
+
+    ZeRO 1/2 partitions are merged with DeepSpeed's own ``zero_to_fp32``; stage 0 checkpoints already
+    hold the whole module.
+    """
+    folder = Path(path)
+    engine_dir = folder / tag
+    if not engine_dir.is_dir():
+        found = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+        raise FileNotFoundError(f"{folder} has no engine checkpoint {tag!r} (found: {found or 'none'})")
+    if any(engine_dir.glob("*optim_states.pt")) and any(engine_dir.glob("zero_pp_rank_*")):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state: dict[str, torch.Tensor] = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=tag)
+        return state
+    model_files = sorted(engine_dir.glob("mp_rank_*_model_states.pt"))
+    if len(model_files) != 1:
+        raise ValueError(f"{engine_dir} holds {len(model_files)} model-state files; only data-parallel "
+                         "(non-pipeline) checkpoints can be consolidated")
+    saved = torch.load(model_files[0], map_location="cpu", weights_only=False)
+    return {key: value.float() if value.is_floating_point() else value for key, value in saved["module"].items()}

@@ -1,0 +1,146 @@
+"""``DeepSpeedTrialContext``: what a DeepSpeedTrial uses to register its engines and its model-parallel
+layout (reducers, ``to_device``, TensorBoard and the stop flag come from ``TrialServices``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from determined_trials._trial_context import TrialContext
+from determined_trials.config import ExperimentConfig
+from determined_trials.deepspeed._mpu import ModelParallelUnit, make_data_parallel_mpu, make_deepspeed_mpu
+from determined_trials.errors import ConfigError
+from determined_trials.pytorch._device import default_device
+from determined_trials.pytorch._position import TrainPosition
+from determined_trials.pytorch._services import TrialServices, trial_context_fields
+
+if TYPE_CHECKING:
+    from determined_trials.core import Context
+
+__all__ = ["DeepSpeedTrialContext"]
+
+logger = logging.getLogger("determined_trials.deepspeed")
+
+
+class DeepSpeedTrialContext(TrialContext, TrainPosition, TrialServices):
+    """The context a `DeepSpeedTrial` receives: wrap engines, set the MPU, move data, log.
+
+    Built by `det.deepspeed.init()`. Without `core_context` (`from_config`, for debugging) the job
+    has one process, torch.distributed is started for it, and TensorBoard files go to a temporary folder.
+    """
+
+    _searcher_metric_named: bool = True
+    """Whether the config's searcher (and so searcher.metric) was written by the user (see det.pytorch.init)."""
+
+    def __init__(
+        self,
+        *,
+        core_context: Context | None = None,
+        config: ExperimentConfig | Mapping[str, Any] | None = None,
+        hparams: Mapping[str, Any] | None = None,
+        trial_seed: int | None = None,
+        trial_id: int | None = None,
+        experiment_id: int | None = None,
+        enable_tensorboard_logging: bool = True,
+    ) -> None:
+        super().__init__(**trial_context_fields(core_context, config, hparams, trial_seed, trial_id, experiment_id))
+        TrainPosition.__init__(self)
+        if core_context is None:
+            from determined_trials.deepspeed._distributed import start_deepspeed_distributed
+
+            start_deepspeed_distributed()  # from_config: deepspeed.initialize needs a process group
+        dist = self.distributed
+        self._init_services(core_context, enable_tensorboard_logging,
+                            default_device(dist.get_local_rank(), dist.get_size()))
+        self.models: list[Any] = []
+        self._mpu = make_data_parallel_mpu(dist.get_rank(), dist.get_size())
+        self._mpu_given = False
+        self._micro_batch_size: int | None = None
+        self._num_micro_batches: int | None = None
+        self._auto_grad_accumulation = True
+        self._dataset_checks = True
+        self._use_pipeline_parallel = False
+
+    # -- engines and layout ---------------------------------------------------------------------
+
+    def wrap_model_engine(self, model: Any) -> Any:
+        """Register a DeepSpeed engine (for checkpoints and batch sizes) and return it.
+
+        The first engine defines the micro-batch size and gradient accumulation steps; a
+        `PipelineEngine` turns on pipeline mode and, first, sets the MPU from its grid.
+        """
+        import deepspeed
+        from deepspeed.runtime.pipe.engine import PipelineEngine
+
+        if not isinstance(model, deepspeed.DeepSpeedEngine):
+            raise TypeError(f"wrap_model_engine takes the engine of deepspeed.initialize(), got "
+                            f"{type(model).__qualname__}")
+        if any(model is m for m in self.models):
+            raise ValueError("this engine is already wrapped; call wrap_model_engine once per engine")
+        model = model.to(self._device)
+        micro, gas = int(model.train_micro_batch_size_per_gpu()), int(model.gradient_accumulation_steps())
+        if not self.models:
+            self._check_global_batch_size(int(model.train_batch_size()), micro, gas)
+            self._micro_batch_size, self._num_micro_batches = micro, gas
+            if isinstance(model, PipelineEngine):
+                self._use_pipeline_parallel = True
+                if not self._mpu_given:
+                    self._mpu = make_deepspeed_mpu(model.grid)
+        elif micro != self._micro_batch_size:
+            logger.warning("engine %d has train_micro_batch_size_per_gpu %d, but the first engine's %d defines "
+                           "the data loaders' batch size", len(self.models), micro, self._micro_batch_size)
+        self.models.append(model)
+        return model
+
+    def _check_global_batch_size(self, train_batch_size: int, micro: int, gas: int) -> None:
+        given = self.get_hparams().get("global_batch_size")
+        if given is not None and given != train_batch_size:
+            raise ConfigError(
+                f"hyperparameter global_batch_size is {given} but the DeepSpeed engine's train_batch_size is "
+                f"{train_batch_size} (train_micro_batch_size_per_gpu {micro} x gradient_accumulation_steps {gas} "
+                "x data-parallel size); make them agree, e.g. overwrite_deepspeed_config(ds_config, "
+                "{'train_batch_size': global_batch_size})"
+            )
+
+    def set_mpu(self, mpu: ModelParallelUnit) -> None:
+        """Use a custom model-parallel layout (after the first `wrap_model_engine`, once)."""
+        if not self.models:
+            raise RuntimeError("Please call `wrap_model_engine` before setting the mpu.")
+        if self._mpu_given:
+            raise RuntimeError("Only one MPU can be passed to DeepSpeedTrialContext: set_mpu was already called.")
+        if not isinstance(mpu, ModelParallelUnit):
+            raise TypeError(f"set_mpu takes a det.deepspeed.ModelParallelUnit, got {type(mpu).__qualname__}")
+        self._mpu, self._mpu_given = mpu, True
+
+    @property
+    def mpu(self) -> ModelParallelUnit:
+        """The model-parallel layout in use."""
+        return self._mpu
+
+    @property
+    def use_pipeline_parallel(self) -> bool:
+        """Whether the first wrapped engine is a pipeline engine."""
+        return self._use_pipeline_parallel
+
+    def disable_auto_grad_accumulation(self) -> None:
+        """Call `train_batch` once per batch: it runs all gradient_accumulation_steps micro-batches itself."""
+        self._auto_grad_accumulation = False
+
+    def disable_dataset_reproducibility_checks(self) -> None:
+        """Accept data loaders that are not `det.pytorch.DataLoader`; their order and resume position are yours."""
+        self._dataset_checks = False
+
+    def get_train_micro_batch_size_per_gpu(self) -> int:
+        """The first engine's train_micro_batch_size_per_gpu: the training loaders' batch size."""
+        return self._require_engine(self._micro_batch_size, "get_train_micro_batch_size_per_gpu")
+
+    def get_num_micro_batches_per_slot(self) -> int:
+        """The first engine's gradient_accumulation_steps: micro-batches per batch and slot."""
+        return self._require_engine(self._num_micro_batches, "get_num_micro_batches_per_slot")
+
+    def _require_engine(self, value: int | None, what: str) -> int:
+        if value is None:
+            raise RuntimeError(f"{what}() is known once an engine is wrapped: call context.wrap_model_engine(engine) "
+                               "first (in your trial's __init__)")
+        return value

@@ -1,0 +1,84 @@
+"""The data a DeepSpeedTrial pulls: the training stream of micro-batches (whole batches per epoch,
+resumable) and validation iterators that count the records each ``evaluate_batch`` call took."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sized
+from typing import Any
+
+from determined_trials.pytorch._data import DataLoader
+from determined_trials.pytorch._data_raw import wrap_raw_loader
+from determined_trials.pytorch.samplers import data_length
+
+__all__ = ["CountingIterator", "require_opt_out", "training_stream", "validation_loader"]
+
+logger = logging.getLogger("determined_trials.deepspeed")
+
+
+def require_opt_out(loader: Any, method: str, checks_enabled: bool) -> None:
+    """A loader that is not a ``det.pytorch.DataLoader`` needs ``disable_dataset_reproducibility_checks()``."""
+    if isinstance(loader, DataLoader) or not checks_enabled:
+        return
+    raise TypeError(
+        f"{method}() returned a {type(loader).__module__}.{type(loader).__name__}, not a det.pytorch.DataLoader, "
+        "so the harness cannot shuffle, shard and skip it reproducibly. Return det.pytorch.DataLoader(...) (same "
+        "arguments as torch's), or call context.disable_dataset_reproducibility_checks() in your trial's __init__()."
+    )
+
+
+def training_stream(loader: Any, *, seed: int, rank: int, size: int, start_batch: int, micro_batches: int,
+                    micro_batch_size: int) -> tuple[Any, int | None]:
+    """This data-parallel rank's stream of micro-batches from batch ``start_batch`` on, and the epoch
+    length in batches (``micro_batches`` micro-batches each); None when a raw loader has no len."""
+    stream: Any
+    if isinstance(loader, DataLoader):
+        if loader.batch_size is not None and loader.batch_size != micro_batch_size:
+            raise ValueError(
+                f"build_training_data_loader() returned batch_size={loader.batch_size} but the DeepSpeed config has "
+                f"train_micro_batch_size_per_gpu={micro_batch_size}; use "
+                "batch_size=context.get_train_micro_batch_size_per_gpu()"
+            )
+        stream = loader.build_training_stream(seed=seed, rank=rank, num_replicas=size,
+                                              start_batch=start_batch * micro_batches, group=micro_batches)
+        return stream, stream.epoch_len // micro_batches
+    stream = wrap_raw_loader(loader, start_batch=start_batch * micro_batches)
+    if stream.epoch_len is None:
+        return stream, None
+    if stream.epoch_len < micro_batches:
+        raise ValueError(f"the training data loader has {stream.epoch_len} micro-batches, fewer than the "
+                         f"{micro_batches} (gradient_accumulation_steps) of one batch")
+    return stream, stream.epoch_len // micro_batches
+
+
+def validation_loader(loader: Any, *, seed: int, rank: int, size: int) -> Any:
+    """This data-parallel rank's shard of the validation data (a raw loader is used as it is)."""
+    if isinstance(loader, DataLoader):
+        return loader.build_validation_loader(rank=rank, num_replicas=size, seed=seed)
+    return loader
+
+
+def batches_in(loader: Any) -> int | None:
+    """len(loader), or None when it has none."""
+    return len(loader) if isinstance(loader, Sized) else None
+
+
+class CountingIterator:
+    """Iterates ``loader`` and counts the records of the batches handed out since ``take_records()``."""
+
+    def __init__(self, loader: Any) -> None:
+        self._iterator: Iterator[Any] = iter(loader)
+        self._records = 0
+
+    def __iter__(self) -> CountingIterator:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._iterator)
+        self._records += data_length(batch)
+        return batch
+
+    def take_records(self) -> int:
+        """Records handed out since the last call."""
+        records, self._records = self._records, 0
+        return records

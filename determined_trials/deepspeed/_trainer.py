@@ -1,0 +1,63 @@
+"""``det.deepspeed.init()`` and ``Trainer(trial, context).fit(...)``: run a DeepSpeedTrial under the loop,
+with the same arguments and guarantees as the PyTorch Trainer."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from determined_trials import core
+from determined_trials.deepspeed._adapter import DeepSpeedAdapter
+from determined_trials.deepspeed._context import DeepSpeedTrialContext
+from determined_trials.deepspeed._distributed import start_deepspeed_distributed
+from determined_trials.deepspeed._trial import DeepSpeedTrial, check_trial_class
+from determined_trials.loop import HookRunner, TrialAdapter
+from determined_trials.pytorch import _trainer
+
+__all__ = ["Trainer", "init"]
+
+
+@contextlib.contextmanager
+def init(
+    *,
+    hparams: Mapping[str, Any] | None = None,
+    exp_conf: Any = None,
+    distributed: core.DistributedContext | None = None,
+    enable_tensorboard_logging: bool = True,
+    run_dir: str | os.PathLike[str] | None = None,
+) -> Iterator[DeepSpeedTrialContext]:
+    """A ``DeepSpeedTrialContext`` for a ``Trainer``: ``with det.deepspeed.init() as context:``.
+
+    Starts DeepSpeed's communication (gloo on CPU, nccl on CUDA; a group of one for a lone process),
+    then works as ``det.pytorch.init()``: config and hparams from the launcher or the arguments, RNGs
+    seeded from the trial seed. ``run_dir`` is a local addition.
+    """
+    config, metric_named = _trainer._experiment_config(exp_conf, hparams)
+    environment = start_deepspeed_distributed()
+
+    def make_context(core_context: core.Context) -> DeepSpeedTrialContext:
+        context = DeepSpeedTrialContext(core_context=core_context, config=config, hparams=hparams,
+                                        enable_tensorboard_logging=enable_tensorboard_logging)
+        context._searcher_metric_named = metric_named
+        return context
+
+    with _trainer.open_trial_context(make_context, config, distributed, lambda: environment, run_dir) as context:
+        yield context
+
+
+class Trainer(_trainer.Trainer):
+    """Trains a DeepSpeedTrial: ``Trainer(trial, context).fit(max_length=Epoch(5), ...)`` (the arguments
+    of ``det.pytorch.Trainer.fit``)."""
+
+    def __init__(self, trial: DeepSpeedTrial, context: DeepSpeedTrialContext) -> None:
+        check_trial_class(type(trial))
+        if not isinstance(context, DeepSpeedTrialContext) or context._core is None:
+            raise TypeError("det.deepspeed.Trainer needs the context from `with det.deepspeed.init() as context:`")
+        self._trial = trial  # type: ignore[assignment]  # the PyTorch Trainer's loop code only builds callbacks
+        self._context = context  # type: ignore[assignment]
+        self.exit_reason = None
+
+    def _make_adapter(self, hooks: HookRunner) -> TrialAdapter:
+        return DeepSpeedAdapter(self._trial, self._context, hooks)  # type: ignore[arg-type]

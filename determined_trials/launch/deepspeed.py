@@ -1,0 +1,57 @@
+"""``python -m determined_trials.launch.deepspeed [OPTIONS] [DEEPSPEED_ARGS... --] (--trial FILEPATH:ClassName |
+SCRIPT [ARGS...])``: run a trial or a script on every slot with DeepSpeed's own launcher.
+
+OPTIONS are those of ``torch_distributed`` (``--config``, ``--context-dir``, ``--latest-checkpoint``,
+``--fail-grace``). DEEPSPEED_ARGS go to DeepSpeed's runner after our defaults (``--num_gpus`` =
+``resources.slots_per_trial``, a free ``--master_port`` on 127.0.0.1, ``--no_python --no_local_rank``),
+so they win; give ``--hostfile FILE`` (and ``--master_addr``) for several machines, which DeepSpeed
+reaches over ssh (only the local ranks are supervised then). Every rank runs under ``wrap_rank``; a
+``--trial`` on one slot runs without DeepSpeed's launcher. Exit status as for ``torch_distributed``: 0,
+the failing rank's code, 75 after a preemption, 2 for a usage, config or spec problem.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from determined_trials.launch import _args
+from determined_trials.launch._procs import free_port
+from determined_trials.launch.torch_distributed import _worker_command, run_launcher
+
+__all__ = ["build_command", "main"]
+
+NAME = "deepspeed"
+_HOSTFILE_FLAGS = ("-H", "--hostfile")
+
+
+def _slots(config: Any) -> int:
+    return int(config.resources.slots_per_trial) if config is not None else 1
+
+
+def build_command(args: _args.LaunchArgs, config: Any) -> tuple[list[str], dict[str, str]]:
+    """The command to supervise and the environment additions (launch folder excluded)."""
+    wrapped = [sys.executable, "-m", "determined_trials.launch.wrap_rank"]
+    slots = _slots(config)
+    env: dict[str, str] = {"USE_DEEPSPEED": "1"}
+    if args.trial is not None and slots == 1 and not args.overrides:
+        return [*wrapped, "0", "--", *_worker_command(args)], env  # one process: no launcher needed
+    multi_node = any(a.partition("=")[0] in _HOSTFILE_FLAGS for a in args.overrides)
+    runner = [sys.executable, "-m", "deepspeed.launcher.runner"]
+    if not multi_node:
+        env.update(DET_JOB_ID=uuid.uuid4().hex, DET_CORE_PORT=str(free_port()), DET_CHIEF_IP="127.0.0.1")
+        runner += ["--num_gpus", str(slots), "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    runner += ["--no_python", "--no_local_rank", *args.overrides]
+    return [*runner, *wrapped, "RANK", "--", *_worker_command(args)], env
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the launcher command line (default: ``sys.argv[1:]``); returns the exit status."""
+    return run_launcher(sys.argv[1:] if argv is None else argv, name=NAME, engine="deepspeed", build=build_command,
+                        usage=__doc__ or "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""What every torch-based trial context offers besides wrapping (PyTorch and DeepSpeed): where its
+fields come from, the device and `to_device`, reducers, the stop flag, the initial batch, TensorBoard
+(folder, lazy writer, metric-logging switch) and the profiler."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from determined_trials.config import ExperimentConfig, load_config
+from determined_trials.pytorch._device import to_device
+from determined_trials.pytorch._reducer import MetricReducer, ReducerRegistry
+from determined_trials.pytorch._tensorboard import make_profiler, make_summary_writer
+
+if TYPE_CHECKING:
+    from determined_trials.core import Context
+
+__all__ = ["TrialServices", "trial_context_fields"]
+
+logger = logging.getLogger("determined_trials.pytorch")
+
+
+class TrialServices:
+    """Mixin of the PyTorch and DeepSpeed trial contexts; ``_init_services`` sets its fields."""
+
+    _core: Context | None
+
+    def _init_services(self, core_context: Context | None, enable_tensorboard_logging: bool,
+                       device: torch.device) -> None:
+        self._core = core_context
+        self._device = device
+        self._moved_warned: set[type] = set()
+        self.reducers = ReducerRegistry()
+        self.set_enable_tensorboard_logging(enable_tensorboard_logging)
+        self._stop_requested = False
+        self._initial_batch = 0 if core_context is None else core_context.info.trial.steps_completed
+        self._tb_writer: Any = None
+        self._tb_fallback: Path | None = None
+        self._profiler: torch.profiler.profile | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """Where wrapped models and `to_device` data go."""
+        return self._device
+
+    def to_device(self, data: Any) -> Any:
+        """`data` moved to `device` (tensors, numeric numpy arrays, objects with `.to`, nested in
+        dicts, lists, tuples and namedtuples); anything else is returned as is, with one warning
+        per type."""
+        return to_device(data, self._device, self._moved_warned)
+
+    def wrap_reducer(
+        self,
+        reducer: MetricReducer | Callable[[list[Any]], Any],
+        name: str | None = None,
+        for_training: bool = True,
+        for_validation: bool = True,
+    ) -> MetricReducer:
+        """Register a `MetricReducer` (or a function of the list of all updates); returns the
+        object to `update()`. See `ReducerRegistry.wrap`."""
+        return self.reducers.wrap(reducer, name=name, for_training=for_training, for_validation=for_validation)
+
+    def set_stop_requested(self, stop_requested: bool) -> None:
+        """Ask the trainer to stop (with a checkpoint) at the end of the current batch."""
+        if not isinstance(stop_requested, bool):
+            raise TypeError(f"set_stop_requested takes True or False, got {stop_requested!r}")
+        self._stop_requested = stop_requested
+
+    def get_stop_requested(self) -> bool:
+        """Whether a stop was requested with `set_stop_requested(True)`."""
+        return self._stop_requested
+
+    def get_initial_batch(self) -> int:
+        """The number of batches trained before this run started (non-zero when resuming)."""
+        return self._initial_batch
+
+    def get_enable_tensorboard_logging(self) -> bool:
+        """Whether the trainer writes reported metrics to TensorBoard."""
+        return self._enable_tensorboard_logging
+
+    def set_enable_tensorboard_logging(self, enable_tensorboard_logging: bool) -> None:
+        """Turn the trainer's TensorBoard metric logging on or off."""
+        if not isinstance(enable_tensorboard_logging, bool):
+            raise TypeError(f"enable_tensorboard_logging must be True or False, got {enable_tensorboard_logging!r}")
+        self._enable_tensorboard_logging = enable_tensorboard_logging
+
+    def get_tensorboard_path(self) -> Path:
+        """The folder for this process's TensorBoard files."""
+        if self._core is not None:
+            return Path(self._core.train.get_tensorboard_path())
+        if self._tb_fallback is None:
+            self._tb_fallback = Path(tempfile.mkdtemp(prefix="det-trials-tensorboard-"))
+            logger.info("no Core API context: TensorBoard files go to %s", self._tb_fallback)
+        return self._tb_fallback
+
+    def get_tensorboard_writer(self) -> Any:
+        """A `torch.utils.tensorboard.SummaryWriter` in the trial's TensorBoard folder (created on
+        first use; closed by the trainer at the end)."""
+        if self._tb_writer is None:
+            self._tb_writer = make_summary_writer(self.get_tensorboard_path())
+        return self._tb_writer
+
+    def set_profiler(self, *args: Any, **kwargs: Any) -> None:
+        """Profile training with `torch.profiler.profile(*args, **kwargs)`; traces go to the
+        TensorBoard folder. The trainer enters it before training and steps it every batch."""
+        profiler = make_profiler(self.get_tensorboard_path(), args, kwargs)
+        if self._profiler is not None:
+            warnings.warn("set_profiler() called again: the new profiler replaces the first", stacklevel=2)
+        self._profiler = profiler
+
+    def _close(self) -> None:
+        """Trainer hook at shutdown: flush and close the SummaryWriter."""
+        if self._tb_writer is not None:
+            self._tb_writer.close()
+            self._tb_writer = None
+
+
+def trial_context_fields(
+    core_context: Context | None, config: ExperimentConfig | Mapping[str, Any] | None,
+    hparams: Mapping[str, Any] | None, trial_seed: int | None, trial_id: int | None, experiment_id: int | None,
+) -> dict[str, Any]:
+    """`TrialContext`'s arguments: the values given, else those of the Core API context's trial, else defaults."""
+    trial = core_context.info.trial if core_context is not None else None
+    return {
+        "config": _resolve_config(config, None if trial is None else trial.config),
+        "hparams": hparams if hparams is not None else (trial.hparams if trial else {}),
+        "trial_seed": _pick(trial_seed, trial and trial.trial_seed, 0),
+        "trial_id": _pick(trial_id, trial and trial.trial_id, 0),
+        "experiment_id": _pick(experiment_id, trial and trial.experiment_id, 0),
+        "distributed": core_context.distributed if core_context is not None else None,
+    }
+
+
+def _pick(given: int | None, from_trial: int | None | Any, default: int) -> int:
+    if given is not None:
+        return given
+    return from_trial if isinstance(from_trial, int) and not isinstance(from_trial, bool) else default
+
+
+def _resolve_config(config: Any, trial_config: Mapping[str, Any] | None) -> ExperimentConfig:
+    if isinstance(config, ExperimentConfig):
+        return config
+    if config is not None:
+        return load_config(dict(config))
+    if trial_config is not None:
+        return load_config(dict(trial_config))
+    raise TypeError("PyTorchTrialContext needs `config` (an ExperimentConfig or dict) or a `core_context`")
