@@ -15,7 +15,13 @@ from typing import Any
 import torch
 
 from determined_trials.loop import DataShape, HookRunner, TrialState
-from determined_trials.pytorch._checkpoint_io import load_trial_state, save_trial_state
+from determined_trials.pytorch._callback import PyTorchCallback
+from determined_trials.pytorch._checkpoint_io import (
+    load_trial_state,
+    save_trial_state,
+    snapshot_trial_state,
+    write_trial_state,
+)
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._data import DataLoader
 from determined_trials.pytorch._data_raw import is_reproducible_loader, wrap_raw_loader
@@ -144,6 +150,22 @@ class PyTorchAdapter:
     def save(self, path: Path) -> None:
         save_trial_state(path, self._trial, self._context, self._hooks)
 
+    @property
+    def async_save(self) -> bool:
+        """Checkpoints are written in the background unless disabled, or a callback has
+        ``on_checkpoint_write_end`` (it may add files before publishing: it keeps the synchronous path)."""
+        if not self._context.experimental._async_checkpoints:
+            return False
+        return not any(_overrides(cb, "on_checkpoint_write_end") for cb in self._hooks.callbacks.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        """On the training thread: a host-memory copy of everything ``save`` writes."""
+        return snapshot_trial_state(self._trial, self._context, self._hooks, copy=True)
+
+    def write_snapshot(self, snapshot: dict[str, Any], path: Path) -> None:
+        """On the checkpoint writer thread: serialise ``snapshot`` into ``path``."""
+        write_trial_state(snapshot, path)
+
     def close(self) -> None:
         if self._stream is not None:
             self._stream.close()
@@ -225,6 +247,11 @@ class PyTorchAdapter:
             "Return det.pytorch.DataLoader(...) (same arguments as torch's), or call "
             "context.experimental.disable_dataset_reproducibility_checks() in your trial's __init__()."
         )
+
+
+def _overrides(callback: Any, hook: str) -> bool:
+    method = getattr(type(callback), hook, None)
+    return method is not None and method is not getattr(PyTorchCallback, hook)
 
 
 def _raw_batch_size(loader: Any, size: int) -> int | None:

@@ -8,6 +8,7 @@ rebuild the trial.
 
 from __future__ import annotations
 
+import copy as _copy
 import json
 import random
 from pathlib import Path
@@ -22,7 +23,17 @@ if TYPE_CHECKING:
     from determined_trials.pytorch._context import PyTorchTrialContext
     from determined_trials.pytorch._trial import PyTorchTrial
 
-__all__ = ["STATE_FILE", "LOAD_DATA_FILE", "save_trial_state", "load_trial_state", "capture_rng", "restore_rng"]
+__all__ = [
+    "LOAD_DATA_FILE",
+    "STATE_FILE",
+    "capture_rng",
+    "host_copy",
+    "load_trial_state",
+    "restore_rng",
+    "save_trial_state",
+    "snapshot_trial_state",
+    "write_trial_state",
+]
 
 STATE_FILE = "state_dict.pth"
 LOAD_DATA_FILE = "load_data.json"
@@ -97,19 +108,47 @@ def _restore_pending_gradients(saved: list[list[torch.Tensor | None]], models: l
             param.grad = None if grad is None else grad.to(param.device)
 
 
-def save_trial_state(path: Path, trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner) -> None:
-    """Write ``state_dict.pth`` and ``load_data.json`` into ``path`` (chief only)."""
+def snapshot_trial_state(trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner,
+                         *, copy: bool) -> dict[str, Any]:
+    """What ``write_trial_state`` writes; with ``copy`` every tensor is a host-memory copy, so training
+    may go on mutating the models while a background writer serialises it."""
     checkpoint = build_state_dict(context, hooks)
     hooks.call("on_checkpoint_save_start", checkpoint)
-    torch.save(checkpoint, path / STATE_FILE)
     load_data = {
         "trial_type": "PyTorchTrial",
         "trial_cls_spec": f"{type(trial).__module__}:{type(trial).__qualname__}",
         "hparams": context.get_hparams(),
         "experiment_config": context.get_experiment_config(),
     }
-    (path / LOAD_DATA_FILE).write_text(json.dumps(load_data, indent=1))
+    return {"state": host_copy(checkpoint) if copy else checkpoint, "load_data": json.dumps(load_data, indent=1)}
+
+
+def write_trial_state(snapshot: dict[str, Any], path: Path) -> None:
+    """Write ``state_dict.pth`` and ``load_data.json`` into ``path``."""
+    torch.save(snapshot["state"], path / STATE_FILE)
+    (path / LOAD_DATA_FILE).write_text(snapshot["load_data"])
+
+
+def save_trial_state(path: Path, trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner) -> None:
+    """Write ``state_dict.pth`` and ``load_data.json`` into ``path`` now (chief only)."""
+    write_trial_state(snapshot_trial_state(trial, context, hooks, copy=False), path)
     hooks.call("on_checkpoint_write_end", str(path))
+
+
+def host_copy(value: Any) -> Any:
+    """A copy of ``value`` sharing no tensor storage or container with it; tensors land in host memory."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        copied = _copy.copy(value)  # keeps the type and attributes (a state_dict's ``_metadata``)
+        for key, item in value.items():
+            copied[key] = host_copy(item)
+        return copied
+    if isinstance(value, list):
+        return [host_copy(item) for item in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(host_copy(item) for item in value)
+    return _copy.deepcopy(value)
 
 
 def read_state_file(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:

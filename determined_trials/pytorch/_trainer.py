@@ -16,6 +16,7 @@ from determined_trials import core
 from determined_trials._info import get_cluster_info
 from determined_trials.config import ExperimentConfig, load_config
 from determined_trials.errors import CollectiveError
+from determined_trials.experiment._gc import collect_bare_trial_garbage
 from determined_trials.loop import Batch, Controller, ExitReason, HookRunner, LoopSettings, TrainUnit
 from determined_trials.pytorch._adapter import PyTorchAdapter
 from determined_trials.pytorch._context import PyTorchTrialContext
@@ -154,6 +155,8 @@ class Trainer:
         except RuntimeError as exc:
             _name_unresponsive_ranks(exc, core_context.distributed)
             raise
+        if self.exit_reason is ExitReason.COMPLETED and checkpoint_policy == "all" and get_cluster_info() is None:
+            collect_bare_trial_garbage(core_context, self._context.config)
 
 
 def _name_unresponsive_ranks(exc: RuntimeError, dist: core.DistributedContext) -> None:
