@@ -6,6 +6,7 @@ background writer thread: ``write`` after a partial ``state_dict.pth`` is writte
 ``published``). The training thread then waits for that write at the next checkpoint.
 """
 
+import faulthandler
 import json
 import sys
 import threading
@@ -51,6 +52,7 @@ def _patch(mode: str) -> None:
 
 def main() -> None:
     run_dir, mode = Path(sys.argv[1]), sys.argv[2]
+    faulthandler.dump_traceback_later(150, exit=False)  # if the test waits long: where every thread is
     _patch(mode)
     conf = config({"global_batch_size": 4, "lr": 0.01, "workers": 0, "hidden": 8})
     with pytorch.init(exp_conf=conf, run_dir=run_dir) as context:

@@ -111,19 +111,20 @@ def test_a_writer_error_surfaces_in_the_training_process(tmp_path: Path, monkeyp
 
 
 def test_a_stop_while_a_write_is_in_flight_waits_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    release, write, in_flight = threading.Event(), adapter_module.write_trial_state, []
+    entered, release, write = threading.Event(), threading.Event(), adapter_module.write_trial_state
 
     def held(snapshot: dict[str, Any], path: Path) -> None:
         if not release.is_set():
-            in_flight.append(path)
-            release.wait(120)
+            entered.set()
+            assert release.wait(120), "the training thread never released the write"
         write(snapshot, path)
 
     class StopDuringWrite(HookedTrial):
         def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
             loss = super().train_batch(batch, epoch_idx, batch_idx)
             if batch_idx == 5:  # the write of batch 4's checkpoint is held on the writer thread
-                assert in_flight and not any(e[0] == "upload_end" for e in self.events)
+                assert entered.wait(120), "the background write of batch 4 never started"
+                assert not any(e[0] == "upload_end" for e in self.events)
                 self.context.set_stop_requested(True)
                 release.set()
             return loss
@@ -166,9 +167,11 @@ def pytorch_hooks(callbacks: dict[str, Any]) -> Any:
 def _run_until(run_dir: Path, mode: str, marker: str) -> int:
     """Start the kill worker, wait for ``marker`` on its stdout, SIGKILL it; return its trial id."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, str(KILL_WORKER), str(run_dir), mode], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env)
-    timer = threading.Timer(120, proc.kill)  # a hung worker fails the test instead of hanging it
+    err_path = run_dir / "worker.err"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, str(KILL_WORKER), str(run_dir), mode], stdout=subprocess.PIPE,
+                                stderr=err, text=True, env=env)
+    timer = threading.Timer(240, proc.kill)  # a hung worker fails the test instead of hanging it
     timer.start()
     try:
         assert proc.stdout is not None
@@ -179,7 +182,9 @@ def _run_until(run_dir: Path, mode: str, marker: str) -> int:
                 trial_id = json.loads(line)["trial_id"]
             if line.strip() == marker:
                 break
-        assert lines and lines[-1] == marker, f"worker ended before {marker!r}: {lines}"
+        if not lines or lines[-1] != marker:
+            proc.wait(60)
+            raise AssertionError(f"worker ended before {marker!r}: {lines}\n{err_path.read_text()[-6000:]}")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(60)
     finally:

@@ -49,6 +49,7 @@ class PyTorchAdapter:
         self._validation_loader: Any = None
         self._train_metrics = TrainingMetrics()
         self._uses_evaluate_batch = type(trial).evaluate_batch is not PyTorchTrial.evaluate_batch
+        self._last_snapshot: Any = None
         self._check_wrapped()
 
     # -- the adapter interface -----------------------------------------------------------------
@@ -159,8 +160,12 @@ class PyTorchAdapter:
         return not any(_overrides(cb, "on_checkpoint_write_end") for cb in self._hooks.callbacks.values())
 
     def snapshot(self) -> dict[str, Any]:
-        """On the training thread: a host-memory copy of everything ``save`` writes."""
-        return snapshot_trial_state(self._trial, self._context, self._hooks, copy=True)
+        """On the training thread: a host-memory copy of everything ``save`` writes (the loop calls it
+        only once the previous snapshot is written, so that one's buffers are reused)."""
+        snapshot = snapshot_trial_state(self._trial, self._context, self._hooks, copy=True,
+                                        reuse=self._last_snapshot)
+        self._last_snapshot = snapshot["state"]
+        return snapshot
 
     def write_snapshot(self, snapshot: dict[str, Any], path: Path) -> None:
         """On the checkpoint writer thread: serialise ``snapshot`` into ``path``."""

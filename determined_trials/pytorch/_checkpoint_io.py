@@ -109,9 +109,10 @@ def _restore_pending_gradients(saved: list[list[torch.Tensor | None]], models: l
 
 
 def snapshot_trial_state(trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner,
-                         *, copy: bool) -> dict[str, Any]:
+                         *, copy: bool, reuse: Any = None) -> dict[str, Any]:
     """What ``write_trial_state`` writes; with ``copy`` every tensor is a host-memory copy, so training
-    may go on mutating the models while a background writer serialises it."""
+    may go on mutating the models while a background writer serialises it (``reuse``: a finished
+    snapshot's state whose buffers may be overwritten)."""
     checkpoint = build_state_dict(context, hooks)
     hooks.call("on_checkpoint_save_start", checkpoint)
     load_data = {
@@ -120,7 +121,8 @@ def snapshot_trial_state(trial: PyTorchTrial, context: PyTorchTrialContext, hook
         "hparams": context.get_hparams(),
         "experiment_config": context.get_experiment_config(),
     }
-    return {"state": host_copy(checkpoint) if copy else checkpoint, "load_data": json.dumps(load_data, indent=1)}
+    state = host_copy(checkpoint, reuse) if copy else checkpoint
+    return {"state": state, "load_data": json.dumps(load_data, indent=1)}
 
 
 def write_trial_state(snapshot: dict[str, Any], path: Path) -> None:
@@ -135,19 +137,27 @@ def save_trial_state(path: Path, trial: PyTorchTrial, context: PyTorchTrialConte
     hooks.call("on_checkpoint_write_end", str(path))
 
 
-def host_copy(value: Any) -> Any:
-    """A copy of ``value`` sharing no tensor storage or container with it; tensors land in host memory."""
+def host_copy(value: Any, reuse: Any = None) -> Any:
+    """A copy of ``value`` sharing no tensor storage or container with it; tensors land in host memory.
+
+    ``reuse``: an earlier copy no longer in use; its tensors of the same shape, dtype and place in
+    the structure are overwritten instead of allocating new ones (no page faults on the copy).
+    """
     if isinstance(value, torch.Tensor):
+        if (isinstance(reuse, torch.Tensor) and reuse.shape == value.shape and reuse.dtype == value.dtype
+                and reuse.device.type == "cpu" and not value.is_sparse and not reuse.is_sparse):
+            return reuse.copy_(value.detach())
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
         copied = _copy.copy(value)  # keeps the type and attributes (a state_dict's ``_metadata``)
+        old = reuse if isinstance(reuse, dict) else {}
         for key, item in value.items():
-            copied[key] = host_copy(item)
+            copied[key] = host_copy(item, old.get(key))
         return copied
-    if isinstance(value, list):
-        return [host_copy(item) for item in value]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(host_copy(item) for item in value)
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        old_items = list(reuse) if isinstance(reuse, (list, tuple)) and len(reuse) == len(value) else []
+        items = [host_copy(item, old_items[i] if old_items else None) for i, item in enumerate(value)]
+        return items if isinstance(value, list) else tuple(items)
     return _copy.deepcopy(value)
 
 
