@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _mse_trial import MSETrial
 from torch import nn
 
 from determined_trials import pytorch
@@ -31,7 +32,7 @@ __all__ = ["main"]
 WIDTH, BATCH = 2048, 4
 
 
-class _BigTrial(pytorch.PyTorchTrial):
+class _BigTrial(MSETrial):
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
         torch.manual_seed(0)
@@ -47,17 +48,6 @@ class _BigTrial(pytorch.PyTorchTrial):
     def build_validation_data_loader(self) -> pytorch.DataLoader:
         return pytorch.DataLoader(torch.utils.data.TensorDataset(self.data.tensors[0][:8], self.data.tensors[1][:8]),
                                   batch_size=8)
-
-    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = nn.functional.mse_loss(self.model(x), y)
-        self.context.backward(loss)
-        self.context.step_optimizer(self.optimizer)
-        return loss
-
-    def evaluate_batch(self, batch: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        x, y = batch
-        return {"validation_loss": nn.functional.mse_loss(self.model(x), y)}
 
 
 class _Timer:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _mse_trial import MSETrial
 from torch import nn
 
 from determined_trials import pytorch
@@ -45,7 +46,7 @@ class _Records(torch.utils.data.Dataset[Any]):
 
 
 def _trial_class(records: int) -> type:
-    class _ResumeTrial(pytorch.PyTorchTrial):
+    class _ResumeTrial(MSETrial):
         def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
             self.context = context
             self.model = context.wrap_model(nn.Linear(4, 1))
@@ -63,15 +64,7 @@ def _trial_class(records: int) -> type:
         def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
             if self.first_batch_at is None:
                 self.first_batch_at, self.reads_before_first = time.perf_counter(), self.data.reads
-            x, y = batch
-            loss = nn.functional.mse_loss(self.model(x), y)
-            self.context.backward(loss)
-            self.context.step_optimizer(self.optimizer)
-            return loss
-
-        def evaluate_batch(self, batch: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
-            x, y = batch
-            return {"validation_loss": nn.functional.mse_loss(self.model(x), y)}
+            return super().train_batch(batch, epoch_idx, batch_idx)
 
     return _ResumeTrial
 

@@ -23,7 +23,8 @@ _writes = {"n": 0}
 
 
 def _say(line: str) -> None:
-    print(line, flush=True)
+    sys.stdout.write(f"{line}\n")  # one write: the training thread's summary lines may be printed meanwhile
+    sys.stdout.flush()
 
 
 def _hold(marker: str) -> None:
