@@ -40,7 +40,7 @@ example-core: venv
 	$(BIN)/det-trials --run-dir $(CORE_EXAMPLE_RUN_DIR) checkpoint list
 
 benchmark: venv
-	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/run_all.py
 
 test: venv
 	$(BIN)/python -m pytest -q

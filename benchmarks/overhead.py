@@ -1,6 +1,6 @@
 """Training-time overhead of ``Trainer.fit`` over a plain PyTorch loop doing the same work.
 
-Usage: python benchmarks/overhead.py [--rounds 5] [--batches 2000] [--period 500] [--quick]
+Usage: python benchmarks/overhead.py [--rounds 7] [--batches 2000] [--period 500] [--variant] [--quick]
 
 Four modes, each measured in a fresh process (this script re-run with ``--child MODE``), rounds
 interleaved (the order rotates every round):
@@ -18,6 +18,9 @@ What is timed: ``time.perf_counter()`` around the training call only, i.e. aroun
 (building its DataLoader included) and around ``Trainer(trial, context).fit(...)``. Process start-up,
 imports, data generation, model construction and ``det.pytorch.init()`` are outside the timing, in
 both. Every child runs with ``torch.set_num_threads(1)`` (and OMP/MKL_NUM_THREADS=1) for stability.
+``--variant`` (the shape of an outside benchmark): SGD with momentum 0.9, shuffling with a seeded
+``torch.Generator`` in both loops, and ``Trainer.fit`` at its default reporting period (no
+``reporting_period`` argument; the raw loop still averages every 100 batches).
 Note that ``Trainer.fit`` always ends with a checkpoint (as Determined does), so the ``trial``
 mode writes one checkpoint that ``raw`` does not: it is counted as harness overhead.
 """
@@ -92,9 +95,9 @@ def _raw_loop(args: argparse.Namespace, ckpt: bool, out_dir: Path) -> dict[str, 
     torch.manual_seed(SEED)
     train_data, val_data = _datasets()
     model = _mlp()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=_momentum(args))
     start, cpu_start = time.perf_counter(), time.process_time()
-    loader = torch.utils.data.DataLoader(train_data, batch_size=BATCH, shuffle=True)
+    loader = torch.utils.data.DataLoader(train_data, batch_size=BATCH, shuffle=True, generator=_generator(args))
     val_loader = torch.utils.data.DataLoader(val_data, batch_size=VAL_BATCH)
     losses: list[torch.Tensor] = []
     batches, accuracy, reported = 0, 0.0, 0.0
@@ -123,7 +126,17 @@ def _raw_loop(args: argparse.Namespace, ckpt: bool, out_dir: Path) -> dict[str, 
 # -- the trial ---------------------------------------------------------------------------------
 
 
-def _trial_class() -> type:
+def _momentum(args: argparse.Namespace) -> float:
+    return 0.9 if args.variant else 0.0
+
+
+def _generator(args: argparse.Namespace) -> Any:
+    import torch
+
+    return torch.Generator().manual_seed(SEED) if args.variant else None
+
+
+def _trial_class(args: argparse.Namespace) -> type:
     import torch
     from torch import nn
 
@@ -135,10 +148,11 @@ def _trial_class() -> type:
             torch.manual_seed(SEED)
             self.train_data, self.val_data = _datasets()
             self.model = context.wrap_model(_mlp())
-            self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=LR))
+            sgd = torch.optim.SGD(self.model.parameters(), lr=LR, momentum=_momentum(args))
+            self.optimizer = context.wrap_optimizer(sgd)
 
         def build_training_data_loader(self) -> pytorch.DataLoader:
-            return pytorch.DataLoader(self.train_data, batch_size=BATCH, shuffle=True)
+            return pytorch.DataLoader(self.train_data, batch_size=BATCH, shuffle=True, generator=_generator(args))
 
         def build_validation_data_loader(self) -> pytorch.DataLoader:
             return pytorch.DataLoader(self.val_data, batch_size=VAL_BATCH)
@@ -170,16 +184,17 @@ def _trial_fit(args: argparse.Namespace, ckpt: bool, run_dir: Path) -> dict[str,
     }
     seen: dict[str, Any] = {}
     with pytorch.init(exp_conf=config, run_dir=str(run_dir)) as context:
-        trial = _trial_class()(context)
+        trial = _trial_class(args)(context)
         trainer = pytorch.Trainer(trial, context)
+        reporting = {} if args.variant else {"reporting_period": pytorch.Batch(args.report)}
         start, cpu_start = time.perf_counter(), time.process_time()
         trainer.fit(
             max_length=pytorch.Batch(args.batches),
             validation_period=pytorch.Batch(args.period),
             checkpoint_period=pytorch.Batch(args.period) if ckpt else None,
-            reporting_period=pytorch.Batch(args.report),
             checkpoint_policy="none",
             show_progress=False,
+            **reporting,
         )
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         store = context._core.store if context._core is not None else None
@@ -213,7 +228,7 @@ def _child(args: argparse.Namespace) -> None:
 def _run_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--batches", str(args.batches),
-           "--period", str(args.period), "--report", str(args.report)]
+           "--period", str(args.period), "--report", str(args.report)] + (["--variant"] if args.variant else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"child {mode} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -265,10 +280,11 @@ def _report(samples: Samples, args: argparse.Namespace) -> None:
 def main() -> None:
     """Parse the arguments; run one child measurement or the whole interleaved benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="measurements per mode (default 5)")
+    parser.add_argument("--rounds", type=int, default=7, help="measurements per mode (default 7)")
     parser.add_argument("--batches", type=int, default=2000, help="training batches (default 2000)")
     parser.add_argument("--period", type=int, default=500, help="validation/checkpoint period in batches")
     parser.add_argument("--report", type=int, default=100, help="training-metric reporting period in batches")
+    parser.add_argument("--variant", action="store_true", help="momentum, a torch.Generator, default reporting")
     parser.add_argument("--quick", action="store_true", help="smoke run: 200 batches, period 50, 2 rounds")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per child")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)

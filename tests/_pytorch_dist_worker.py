@@ -31,7 +31,8 @@ def _track_store_writes() -> None:
         return add_metrics(self, *args, **kwargs)
 
     def checkpoint(self: LocalStore, *args: Any, **kwargs: Any) -> Any:
-        _writes.append(("checkpoint", int(kwargs["steps_completed"])))
+        if not kwargs.get("pending"):  # a checkpoint is recorded pending first, then completed
+            _writes.append(("checkpoint", int(kwargs["steps_completed"])))
         return add_checkpoint(self, *args, **kwargs)
 
     LocalStore.add_metrics = metrics  # type: ignore[method-assign]

@@ -27,3 +27,15 @@ def test_overhead_benchmark_quick_run_prints_the_ratios() -> None:
     assert final is not None, out
     assert float(final.group(1)) > 0 and float(final.group(3)) > 0
     assert "checkpoints=4" in out and "checkpoints=1" in out  # trial-ckpt: every 50 of 200; trial: the final one
+
+
+@pytest.mark.slow
+def test_async_checkpoint_and_resume_benchmarks_quick_runs_print_their_summaries() -> None:
+    for script, pattern in (
+        ("async_checkpoint.py", r"^async blocking fraction \(median of per-round ratios to torch.save\): \d+\.\d+"),
+        ("resume_cost.py", r"^resume into 100000 shuffled records, 2 rounds, medians: .*records read to skip: 0$"),
+    ):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert re.search(pattern, proc.stdout, re.MULTILINE), proc.stdout

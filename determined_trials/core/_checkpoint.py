@@ -40,7 +40,12 @@ class DownloadMode(enum.Enum):
 
 
 class CheckpointRecorder(Protocol):
-    """Told about saved and deleted checkpoints (the local store implements it)."""
+    """Told about saved and deleted checkpoints (the local store implements it).
+
+    Optionally also ``checkpoint_pending(storage_id, metadata)`` (before anything is staged) and
+    ``checkpoint_dropped(storage_id)`` (the save failed): a pending checkpoint whose writer died is
+    settled at the next start (``recover_checkpoints``), published or not.
+    """
 
     def checkpoint_saved(self, storage_id: str, metadata: dict[str, Any], resources: dict[str, int]) -> None: ...
 
@@ -93,9 +98,10 @@ class CheckpointContext:
             md = _check_metadata(metadata)
             files = _checkpoint_files(src, selector)
             storage_id = str(uuid.uuid4())
+            self._pending(storage_id, md)
             self._save_single(storage_id, md, lambda: self._put(storage_id, src, files))
             return storage_id
-        storage_id = self._broadcast_id()
+        storage_id = self._broadcast_id(metadata)
         plan = _attempt(lambda: {"files": _checkpoint_files(src, selector), "metadata": _jsonable(metadata)})
         self._save_sharded(storage_id, src, plan)
         return storage_id
@@ -111,16 +117,18 @@ class CheckpointContext:
             self._require_chief("store_path")
             md = _check_metadata(metadata)
             storage_id = str(uuid.uuid4())
+            self._pending(storage_id, md)
             path = self._storage.stage_dir(storage_id, 0)
             try:
                 yield path, storage_id
             except BaseException:
                 self._storage.release(storage_id, 0)
                 self._storage.abort(storage_id)
+                self._dropped(storage_id)
                 raise
             self._save_single(storage_id, md, lambda: self._put(storage_id, path, _checkpoint_files(path, None)))
             return
-        storage_id = self._broadcast_id()
+        storage_id = self._broadcast_id(metadata)
         path = self._storage.stage_dir(storage_id, rank)
         try:
             yield path, storage_id
@@ -138,6 +146,17 @@ class CheckpointContext:
         if src is not None and files:
             self._storage.put(storage_id, self._dist.get_rank(), src, list(files))
 
+    def _pending(self, storage_id: str, metadata: Mapping[str, Any] | None) -> None:
+        """Record the checkpoint as pending before anything is staged (chief), so a crash can be settled."""
+        pending = getattr(self._recorder, "checkpoint_pending", None)
+        if pending is not None:
+            pending(storage_id, _jsonable(metadata))
+
+    def _dropped(self, storage_id: str) -> None:
+        dropped = getattr(self._recorder, "checkpoint_dropped", None)
+        if dropped is not None:
+            dropped(storage_id)
+
     def _save_single(self, storage_id: str, metadata: dict[str, Any], stage: Callable[[], None]) -> None:
         """Chief-only save: stage, commit (metadata.json last), record; abort on any failure."""
         try:
@@ -145,6 +164,7 @@ class CheckpointContext:
             resources = self._storage.commit(storage_id, metadata)
         except BaseException:
             self._storage.abort(storage_id)
+            self._dropped(storage_id)
             raise
         finally:
             self._storage.release(storage_id, 0)
@@ -162,6 +182,7 @@ class CheckpointContext:
             self._storage.release(storage_id, rank)
             if rank == 0:
                 self._storage.abort(storage_id)
+                self._dropped(storage_id)
             raise
         staged = _attempt(lambda: self._put(storage_id, src, plan[1]["files"]))
         self._storage.release(storage_id, rank)
@@ -179,20 +200,28 @@ class CheckpointContext:
         failed = [f"rank {r}: {exc}" for r, (exc, _) in enumerate(results) if exc is not None]
         if failed:
             self._storage.abort(storage_id)
+            self._dropped(storage_id)
             msg = f"checkpoint {storage_id} was not saved; ranks failed to stage their files: {'; '.join(failed)}"
             return (RuntimeError(msg), None)
         committed = _attempt(lambda: self._storage.commit(storage_id, metadata))
         if committed[0] is not None:
             self._storage.abort(storage_id)
+            self._dropped(storage_id)
             return committed
         recorded = _attempt(lambda: self._recorder.checkpoint_saved(storage_id, metadata, committed[1]))
         if recorded[0] is not None:
             return (RuntimeError(f"checkpoint {storage_id} was stored but recording it failed: {recorded[0]}"), None)
         return committed
 
-    def _broadcast_id(self) -> str:
-        storage_id = self._dist.broadcast(str(uuid.uuid4()) if self._dist.get_rank() == 0 else None)
-        return str(storage_id)
+    def _broadcast_id(self, metadata: Mapping[str, Any] | None) -> str:
+        chief_id = None
+        if self._dist.get_rank() == 0:
+            chief_id = str(uuid.uuid4())
+            try:  # the other ranks wait for the id: a failure here must not leave them hanging
+                self._pending(chief_id, metadata if isinstance(metadata, Mapping) else None)
+            except Exception as exc:  # noqa: BLE001 - the checkpoint is still recorded once complete
+                logger.warning("could not record checkpoint %s as pending: %s", chief_id, exc)
+        return str(self._dist.broadcast(chief_id))
 
     def _require_chief(self, method: str) -> None:
         rank = self._dist.get_rank()

@@ -19,6 +19,7 @@ from typing import Any
 from determined_trials._info import ClusterInfo, TrialInfo, get_cluster_info
 from determined_trials.config import ExperimentConfig, load_config, sample_hparams
 from determined_trials.core._checkpoint import CheckpointContext
+from determined_trials.core._checkpoint_recovery import recover_checkpoints, remove_stale_staging
 from determined_trials.core._distributed import DistributedContext
 from determined_trials.core._owner import claim_experiment
 from determined_trials.core._preempt import PreemptContext, PreemptMode
@@ -170,8 +171,12 @@ def init(
     cluster_info = info or ClusterInfo(trial=trial, run_dir=str(run_path))
     storage_spec = checkpoint_storage if checkpoint_storage is not None else exp_config.checkpoint_storage
     storage = storage_from_spec(storage_spec, default_dir=run_path / "checkpoints")
+    if dist.get_rank() == 0:
+        remove_stale_staging(storage)
 
     def parts(trial: TrialInfo) -> dict[str, Any]:
+        if dist.get_rank() == 0:  # settle what a killed writer of this trial left behind
+            recover_checkpoints(store, storage, trial.trial_id)
         return {
             "checkpoint": CheckpointContext(
                 dist, storage, recorder=_StoreRecorder(store, trial.trial_id, str(storage))),
@@ -268,6 +273,15 @@ class _StoreRecorder:
             uuid=storage_id, trial_id=self._trial_id, steps_completed=int(metadata["steps_completed"]),
             metadata=metadata, resources=resources, storage=self._storage,
         )
+
+    def checkpoint_pending(self, storage_id: str, metadata: dict[str, Any]) -> None:
+        self._store.add_checkpoint(
+            uuid=storage_id, trial_id=self._trial_id, steps_completed=int(metadata.get("steps_completed", 0)),
+            metadata=metadata, resources={}, storage=self._storage, pending=True,
+        )
+
+    def checkpoint_dropped(self, storage_id: str) -> None:
+        self._store.drop_pending_checkpoint(storage_id)
 
     def checkpoint_deleted(self, storage_id: str) -> None:
         self._store.mark_checkpoint_deleted(storage_id)

@@ -52,7 +52,7 @@ class LocalStore(StoreReads):
 
     EXPERIMENT_STATES: tuple[str, ...] = ("ACTIVE", "PAUSED", "COMPLETED", "ERROR", "CANCELED")
     TRIAL_STATES: tuple[str, ...] = ("ACTIVE", "PAUSED", "COMPLETED", "ERROR", "CANCELED")
-    CHECKPOINT_STATES: tuple[str, ...] = ("COMPLETED", "DELETED")
+    CHECKPOINT_STATES: tuple[str, ...] = ("PENDING", "COMPLETED", "DELETED")
 
     def __init__(self, run_dir: str | os.PathLike[str], *, create: bool = True) -> None:
         """Open the store in ``run_dir``; with ``create`` (default) make the folder and schema if missing."""
@@ -321,22 +321,45 @@ class LocalStore(StoreReads):
         metadata: dict[str, Any],
         resources: dict[str, int],
         storage: str,
+        pending: bool = False,
     ) -> None:
-        """Record a completed checkpoint; a uuid already recorded is a ``ValueError``."""
+        """Record a checkpoint: ``pending`` before it is published (invisible to reads), else completed.
+
+        Completing a pending uuid turns its row COMPLETED; any other uuid already recorded is a ``ValueError``.
+        """
         sizes = {str(k): int(v) for k, v in resources.items()}
-        try:
-            self._insert(
-                ("trial", trial_id),
-                "INSERT INTO checkpoints (uuid, trial_id, steps_completed, metadata, resources, storage, "
-                "report_time) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (str(uuid), None if trial_id is None else int(trial_id), _steps(steps_completed),
-                 dumps(metadata, "checkpoint metadata"), dumps(sizes, "checkpoint resources"), str(storage),
-                 now()),
-            )
-        except sqlite3.IntegrityError as exc:
-            if "UNIQUE" not in str(exc):
-                raise
-            raise ValueError(f"checkpoint {uuid} is already recorded in {self.db_path}") from None
+        params = (None if trial_id is None else int(trial_id), _steps(steps_completed),
+                  dumps(metadata, "checkpoint metadata"), dumps(sizes, "checkpoint resources"), str(storage), now())
+        state = "PENDING" if pending else "COMPLETED"
+        with self._transaction() as conn:
+            done = conn.execute(
+                "UPDATE checkpoints SET trial_id = ?, steps_completed = ?, metadata = ?, resources = ?, storage = ?, "
+                "report_time = ?, state = ? WHERE uuid = ? AND state = 'PENDING'", (*params, state, str(uuid)),
+            ).rowcount
+            if done:
+                return
+            try:
+                conn.execute(
+                    "INSERT INTO checkpoints (trial_id, steps_completed, metadata, resources, storage, report_time, "
+                    "state, uuid) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (*params, state, str(uuid)),
+                )
+            except sqlite3.IntegrityError as exc:
+                if "FOREIGN KEY" in str(exc):
+                    raise self._not_found("trial", trial_id) from None
+                if "UNIQUE" not in str(exc):
+                    raise
+                raise ValueError(f"checkpoint {uuid} is already recorded in {self.db_path}") from None
+
+    def pending_checkpoints(self, trial_id: int) -> list[str]:
+        """uuids of the trial's checkpoints recorded as pending (a writer died before or while publishing)."""
+        rows = self._read("SELECT uuid FROM checkpoints WHERE trial_id = ? AND state = 'PENDING' ORDER BY rowid",
+                          (int(trial_id),))
+        return [str(r["uuid"]) for r in rows]
+
+    def drop_pending_checkpoint(self, uuid: str) -> None:
+        """Forget a pending checkpoint that was never published (no-op for any other state)."""
+        with self._locked() as conn:
+            conn.execute("DELETE FROM checkpoints WHERE uuid = ? AND state = 'PENDING'", (str(uuid),))
 
     def mark_checkpoint_deleted(self, uuid: str) -> None:
         """Mark a checkpoint DELETED (its files are gone); deleting twice is harmless."""

@@ -143,8 +143,7 @@ class StoreReads:
             self.experiment(experiment_id)
             clauses.append("t.experiment_id = ?")
             params.append(int(experiment_id))
-        if not include_deleted:
-            clauses.append("c.state != 'DELETED'")
+        clauses.append("c.state != 'PENDING'" if include_deleted else "c.state = 'COMPLETED'")
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._read(f"{_CHECKPOINT_SELECT}{where} ORDER BY c.rowid", params)
         return [_rec.checkpoint_from_row(r) for r in rows]

@@ -9,10 +9,11 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from determined_trials.core._checkpoint_recovery import recover_checkpoints
 from determined_trials.core._store import CheckpointRecord, LocalStore
 from determined_trials.core.storage import StorageManager
 
-__all__ = ["RetentionPolicy", "checkpoint_scores", "collect_garbage", "kept_checkpoints"]
+__all__ = ["RetentionPolicy", "checkpoint_scores", "collect_bare_trial_garbage", "collect_garbage", "kept_checkpoints"]
 
 logger = logging.getLogger("determined_trials.experiment")
 
@@ -86,6 +87,8 @@ def collect_garbage(
 ) -> list[str]:
     """Delete the checkpoints of ``trial_ids`` (ended trials) the policy does not keep; returns their uuids."""
     ids = set(trial_ids)
+    for trial_id in ids:  # ended trials: settle what a killed writer left before deciding what to keep
+        recover_checkpoints(store, storage, trial_id)
     keep = kept_checkpoints(store, experiment_id, ids, policy)
     deleted = []
     for ckpt in store.checkpoints(experiment_id=experiment_id):
@@ -98,3 +101,12 @@ def collect_garbage(
             store.mark_checkpoint_deleted(ckpt.uuid)
             deleted.append(ckpt.uuid)
     return deleted
+
+
+def collect_bare_trial_garbage(core_context: Any, config: Any) -> list[str]:
+    """After a plain script's fit completed (its trial ended): the runner's rules, on the chief only."""
+    if core_context.distributed.get_rank() != 0:
+        return []
+    trial = core_context.info.trial
+    return collect_garbage(core_context.store, core_context.checkpoint.storage, trial.experiment_id,
+                           [trial.trial_id], RetentionPolicy.from_config(config))

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from determined_trials.core._checkpoint_recovery import recover_checkpoints
 from determined_trials.core._owner import claim_experiment
 from determined_trials.core._store import LocalStore
 from determined_trials.core.storage import storage_from_spec
@@ -191,6 +192,7 @@ class ExperimentRunner:
             self._collect([trial_id])
             return
         trial = self.store.trial(trial_id)
+        recover_checkpoints(self.store, self._storage, trial_id)  # a checkpoint published before a kill counts
         latest = self.store.latest_checkpoint(trial_id)
         launch = TrialLaunch(
             experiment_id=self.experiment_id, trial_id=trial_id, hparams=work.hparams, seed=work.seed,

@@ -33,6 +33,11 @@ class TrialAdapter(Protocol):
     #: that rank's shard of one checkpoint (``store_path(shard=True)``), e.g. DeepSpeed engines
     #: whose ranks each hold part of the state; when False only the chief saves.
     # sharded_save: bool
+    #: Optional asynchronous checkpoints (read with ``getattr``; used only without ``sharded_save``):
+    #: ``async_save`` (bool, the same on every rank), ``snapshot() -> Any`` (chief, training thread:
+    #: a host-memory copy of what ``save`` writes, so training may go on) and
+    #: ``write_snapshot(snapshot, path)`` (chief, the loop's writer thread: write it into ``path``).
+    # async_save: bool
 
     def load(self, path: Path) -> None:
         """Restore models, optimizers, RNGs and callback state from a checkpoint folder."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from determined_trials.loop._adapter import DataShape, TrialAdapter
+from determined_trials.loop._checkpointing import CHECKPOINT_FORMAT, TRIAL_STATE_FILE, Checkpointer
 from determined_trials.loop._hooks import HookRunner
 from determined_trials.loop._progress import Progress, progress_enabled, summary_line
 from determined_trials.loop._schedule import Boundary, Schedule
@@ -28,8 +29,6 @@ __all__ = ["CHECKPOINT_FORMAT", "TRIAL_STATE_FILE", "Controller", "ExitReason", 
 
 logger = logging.getLogger("determined_trials.loop")
 
-TRIAL_STATE_FILE = "trial_state.json"
-CHECKPOINT_FORMAT = "determined_trials/1"
 _POLICIES = ("best", "all", "none")
 
 
@@ -90,6 +89,7 @@ class Controller:
         self._last_validation: dict[str, Any] = {}
         self._progress: Progress | None = None
         self._metric_checked = False
+        self._checkpointer = Checkpointer(core=core, adapter=adapter, hooks=hooks)
 
     def run(self, latest_checkpoint: str | None = None) -> ExitReason:
         """Train until the length is reached, the trial is preempted or it asks to stop."""
@@ -99,7 +99,9 @@ class Controller:
             self._hooks.call("on_training_start")
             if self._settings.profiling_enabled:
                 self._core.profiler.on()
-            return self._train(shape)
+            reason = self._train(shape)
+            self._checkpointer.wait()  # the last checkpoint is stored (and its hook fired) before run returns
+            return reason
         finally:
             self._shutdown()
 
@@ -118,6 +120,7 @@ class Controller:
 
     def _shutdown(self) -> None:
         try:
+            self._checkpointer.close()
             if self._settings.profiling_enabled:
                 self._core.profiler.off()
             if self._progress is not None:
@@ -211,6 +214,7 @@ class Controller:
     def _end_workload(self, target: int) -> None:
         state = self._state
         metrics = self._adapter.training_metrics()
+        self._checkpointer.poll()  # a background write that finished fires its hook now
         batch_metrics = getattr(self._adapter, "batch_metrics", None)  # an opt-in of some adapters
         self._hooks.call("on_training_workload_end", metrics, batch_metrics() if batch_metrics else [])
         if self._is_chief:
@@ -275,22 +279,7 @@ class Controller:
         if state.last_checkpoint == state.batches_trained and state.batches_trained > 0:
             return
         state.last_checkpoint = state.batches_trained
-        storage_id = None
-        sharded = getattr(self._adapter, "sharded_save", False)
-        if self._is_chief or sharded:
-            if self._is_chief:
-                self._core.train.set_status("checkpointing")
-            metadata = {"steps_completed": state.batches_trained, "framework": self._adapter.framework,
-                        "format": CHECKPOINT_FORMAT}
-            with self._core.checkpoint.store_path(metadata, shard=sharded) as (path, storage_id):
-                if self._is_chief:
-                    (path / TRIAL_STATE_FILE).write_text(json.dumps(state.state_dict(), indent=1))
-                self._adapter.save(path)
-            if self._is_chief:
-                self._core.train.set_status("training")
-        if self._dist.get_size() > 1 and not sharded:
-            storage_id = self._dist.broadcast(storage_id)
-        self._hooks.call("on_checkpoint_upload_end", storage_id)
+        self._checkpointer.save(state)
 
     def _complete_reached_operations(self, shape: DataShape) -> None:
         """``fit(max_length=...)`` under a searcher: the operations the run trained through are

@@ -16,7 +16,12 @@ import torch
 
 from determined_trials.loop import DataShape, HookRunner, TrialState
 from determined_trials.pytorch._callback import overrides_hook
-from determined_trials.pytorch._checkpoint_io import load_trial_state, save_trial_state
+from determined_trials.pytorch._checkpoint_io import (
+    load_trial_state,
+    save_trial_state,
+    snapshot_trial_state,
+    write_trial_state,
+)
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._data import DataLoader
 from determined_trials.pytorch._data_raw import is_reproducible_loader, wrap_raw_loader
@@ -50,6 +55,7 @@ class PyTorchAdapter:
             [] if any(getattr(cb, "wants_batch_metrics", False) for cb in callbacks) else None
         )
         self._batch_metrics: list[dict[str, Any]] = []
+        self._last_snapshot: Any = None
         self._check_wrapped()
 
     # -- the adapter interface -----------------------------------------------------------------
@@ -166,6 +172,28 @@ class PyTorchAdapter:
 
     def save(self, path: Path) -> None:
         save_trial_state(path, self._trial, self._context, self._hooks)
+
+    @property
+    def async_save(self) -> bool:
+        """Checkpoints are written in the background unless disabled, or a callback has
+        ``on_checkpoint_write_end`` or the deprecated ``on_checkpoint_end`` (either may add files before
+        publishing: it keeps the synchronous path)."""
+        if not self._context.experimental._async_checkpoints:
+            return False
+        callbacks = self._hooks.callbacks.values()
+        return not any(overrides_hook(callbacks, hook) for hook in ("on_checkpoint_write_end", "on_checkpoint_end"))
+
+    def snapshot(self) -> dict[str, Any]:
+        """On the training thread: a host-memory copy of everything ``save`` writes (the loop calls it
+        only once the previous snapshot is written, so that one's buffers are reused)."""
+        snapshot = snapshot_trial_state(self._trial, self._context, self._hooks, copy=True,
+                                        reuse=self._last_snapshot)
+        self._last_snapshot = snapshot["state"]
+        return snapshot
+
+    def write_snapshot(self, snapshot: dict[str, Any], path: Path) -> None:
+        """On the checkpoint writer thread: serialise ``snapshot`` into ``path``."""
+        write_trial_state(snapshot, path)
 
     def close(self) -> None:
         if self._stream is not None:

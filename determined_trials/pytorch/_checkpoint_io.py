@@ -8,6 +8,7 @@ rebuild the trial.
 
 from __future__ import annotations
 
+import copy as _copy
 import json
 import pickle
 import random
@@ -24,8 +25,18 @@ if TYPE_CHECKING:
     from determined_trials.pytorch._context import PyTorchTrialContext
     from determined_trials.pytorch._trial import PyTorchTrial
 
-__all__ = ["STATE_FILE", "LOAD_DATA_FILE", "save_trial_state", "load_trial_state", "capture_rng", "restore_rng",
-           "write_load_data"]
+__all__ = [
+    "LOAD_DATA_FILE",
+    "STATE_FILE",
+    "capture_rng",
+    "host_copy",
+    "load_trial_state",
+    "restore_rng",
+    "save_trial_state",
+    "snapshot_trial_state",
+    "write_load_data",
+    "write_trial_state",
+]
 
 STATE_FILE = "state_dict.pth"
 LOAD_DATA_FILE = "load_data.json"
@@ -100,25 +111,67 @@ def _restore_pending_gradients(saved: list[list[torch.Tensor | None]], models: l
             param.grad = None if grad is None else grad.to(param.device)
 
 
-def save_trial_state(path: Path, trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner) -> None:
-    """Write ``state_dict.pth`` and ``load_data.json`` into ``path`` (chief only)."""
+def snapshot_trial_state(trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner,
+                         *, copy: bool, reuse: Any = None) -> dict[str, Any]:
+    """What ``write_trial_state`` writes; with ``copy`` every tensor is a host-memory copy, so training
+    may go on mutating the models while a background writer serialises it (``reuse``: a finished
+    snapshot's state whose buffers may be overwritten)."""
     checkpoint = build_state_dict(context, hooks)
     hooks.call("on_checkpoint_save_start", checkpoint)
-    torch.save(checkpoint, path / STATE_FILE)
-    write_load_data(path, trial, context, "PyTorchTrial")
+    state = host_copy(checkpoint, reuse) if copy else checkpoint
+    return {"state": state, "load_data": _load_data_json(trial, context, "PyTorchTrial")}
+
+
+def write_trial_state(snapshot: dict[str, Any], path: Path) -> None:
+    """Write ``state_dict.pth`` and ``load_data.json`` into ``path``."""
+    torch.save(snapshot["state"], path / STATE_FILE)
+    (path / LOAD_DATA_FILE).write_text(snapshot["load_data"])
+
+
+def save_trial_state(path: Path, trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner) -> None:
+    """Write ``state_dict.pth`` and ``load_data.json`` into ``path`` now (chief only)."""
+    write_trial_state(snapshot_trial_state(trial, context, hooks, copy=False), path)
     hooks.call("on_checkpoint_end", str(path))
     hooks.call("on_checkpoint_write_end", str(path))
 
 
 def write_load_data(path: Path, trial: Any, context: TrialContext, trial_type: str) -> None:
     """Write ``load_data.json``: the trial type and class, hyperparameters and experiment config."""
+    (path / LOAD_DATA_FILE).write_text(_load_data_json(trial, context, trial_type))
+
+
+def _load_data_json(trial: Any, context: TrialContext, trial_type: str) -> str:
     load_data = {
         "trial_type": trial_type,
         "trial_cls_spec": f"{type(trial).__module__}:{type(trial).__qualname__}",
         "hparams": context.get_hparams(),
         "experiment_config": context.get_experiment_config(),
     }
-    (path / LOAD_DATA_FILE).write_text(json.dumps(load_data, indent=1))
+    return json.dumps(load_data, indent=1)
+
+
+def host_copy(value: Any, reuse: Any = None) -> Any:
+    """A copy of ``value`` sharing no tensor storage or container with it; tensors land in host memory.
+
+    ``reuse``: an earlier copy no longer in use; its tensors of the same shape, dtype and place in
+    the structure are overwritten instead of allocating new ones (no page faults on the copy).
+    """
+    if isinstance(value, torch.Tensor):
+        if (isinstance(reuse, torch.Tensor) and reuse.shape == value.shape and reuse.dtype == value.dtype
+                and reuse.device.type == "cpu" and not value.is_sparse and not reuse.is_sparse):
+            return reuse.copy_(value.detach())
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        copied = _copy.copy(value)  # keeps the type and attributes (a state_dict's ``_metadata``)
+        old = reuse if isinstance(reuse, dict) else {}
+        for key, item in value.items():
+            copied[key] = host_copy(item, old.get(key))
+        return copied
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        old_items = list(reuse) if isinstance(reuse, (list, tuple)) and len(reuse) == len(value) else []
+        items = [host_copy(item, old_items[i] if old_items else None) for i, item in enumerate(value)]
+        return items if isinstance(value, list) else tuple(items)
+    return _copy.deepcopy(value)
 
 
 def read_state_file(path: Path, device: torch.device | str = "cpu", *, weights_only: bool = True) -> dict[str, Any]:

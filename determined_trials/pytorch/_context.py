@@ -190,6 +190,12 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         """Step `optimizer` on every `aggregation_frequency`-th batch (gradients accumulate in
         between and are averaged if so configured); `clip_grads(params)` runs first, on
         unscaled gradients; with `scaler` (or automatic AMP) the step goes through the scaler."""
+        if (clip_grads is None and scaler is None and auto_zero_grads and self._aggregation_frequency == 1
+                and self._auto_scaler is None and id(optimizer) in self._average_grads):
+            optimizer.step()  # the common case, without the general path's per-call checks (same effect)
+            optimizer.zero_grad()
+            self._optimizer_stepped_this_batch = True
+            return
         if id(optimizer) not in self._average_grads:  # filled by wrap_optimizer
             raise ValueError("step_optimizer: this optimizer was not wrapped; use context.wrap_optimizer(optimizer)")
         if self._aggregation_frequency > 1 and not auto_zero_grads:

@@ -4,7 +4,7 @@ from the epoch order and the global-batch split alone, so any batch can be start
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -128,11 +128,22 @@ class SampleOrderPlan:
         first_epoch, step = divmod(start, self.epoch_len)
         n, per_rank, replicas, rank = self._source.n, self._per_rank, self._replicas, self._rank
         for order in self._source.orders(first_epoch):
-            indices = order.tolist() if isinstance(order, np.ndarray) else [int(i) for i in order]
-            for j in range(step, self.epoch_len):  # one conversion per epoch, list slices per batch
+            # a converted slice of the order: list slices per batch, and neither memory nor a resume
+            # cost that grows with the epoch
+            window_start, window = 0, cast("list[int]", [])
+            for j in range(step, self.epoch_len):
                 begin, end = rank_bounds(j, n, per_rank, replicas, rank)
-                yield indices[begin:end]
+                if begin < window_start or end > window_start + len(window):
+                    window_start, window = begin, _as_ints(order[begin:max(end, begin + _WINDOW)])
+                yield window[begin - window_start:end - window_start]
             step = 0
+
+
+_WINDOW = 1 << 14  # indices converted to Python ints at a time
+
+
+def _as_ints(order: Order) -> list[int]:
+    return order.tolist() if isinstance(order, np.ndarray) else [int(i) for i in order]
 
 
 class BatchSamplerPlan:

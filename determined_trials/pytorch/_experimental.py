@@ -20,6 +20,7 @@ class PyTorchExperimentalContext:
         self._context = context
         self._auto_to_device = True
         self._dataset_checks = True
+        self._async_checkpoints = True
 
     def use_amp(self, dtype: torch.dtype | None = None) -> None:
         """Automatic mixed precision for every wrapped model, from now on.
@@ -38,6 +39,11 @@ class PyTorchExperimentalContext:
         epoch.
         """
         self._dataset_checks = False
+
+    def disable_async_checkpoints(self) -> None:
+        """Write checkpoints on the training thread (by default a host-memory copy of the state is
+        taken and a background thread serialises, fsyncs, publishes and records it)."""
+        self._async_checkpoints = False
 
     def disable_auto_to_device(self) -> None:
         """Hand batches to `train_batch`/`evaluate_batch` as loaded (call `to_device` yourself)."""

@@ -232,9 +232,9 @@ class _Metrics:
                         f"cannot average metric {key!r}: every batch counted 0 records; make "
                         "get_batch_length(batch) return the number of records in the batch"
                     )
-                result = np.sum(values, axis=0) / total_weight
+                result = (values[0] if len(values) == 1 else np.sum(values, axis=0)) / total_weight
             elif ref.reducer is Reducer.SUM:
-                result = np.sum(values, axis=0)
+                result = values[0] if len(values) == 1 else np.sum(values, axis=0)
             else:
                 reduce = np.max if ref.reducer is Reducer.MAX else np.min
                 result = reduce(values, axis=0)
@@ -278,6 +278,12 @@ class TrainingMetrics(_Metrics):
     def add(self, output: Any) -> None:
         """Record one batch's output (no device-to-host transfer)."""
         if isinstance(output, torch.Tensor):
+            accs = self._accs
+            if accs is not None and len(accs) == 1 and "loss" in accs:  # the common case: the loss alone
+                accs["loss"].add(output, None)
+                self._batches += 1
+                self._weight += 1
+                return
             output = {"loss": output}
         elif not isinstance(output, Mapping):
             raise TypeError(

@@ -14,8 +14,10 @@ import numpy as np
 import torch
 
 from determined_trials import core
+from determined_trials._info import get_cluster_info
 from determined_trials.config import ExperimentConfig, load_config
 from determined_trials.errors import CollectiveError
+from determined_trials.experiment._gc import collect_bare_trial_garbage
 from determined_trials.loop import Batch, Controller, ExitReason, HookRunner, LoopSettings, TrainUnit, TrialAdapter
 from determined_trials.loop._resume import interrupt_stops_training, resolve_resume
 from determined_trials.pytorch._adapter import PyTorchAdapter
@@ -196,6 +198,8 @@ class Trainer:
                 _name_unresponsive_ranks(exc, core_context.distributed)
                 raise
             exits.append(self.exit_reason)
+        if self.exit_reason is ExitReason.COMPLETED and checkpoint_policy == "all" and get_cluster_info() is None:
+            collect_bare_trial_garbage(core_context, self._context.config)
 
     def _make_adapter(self, hooks: HookRunner) -> TrialAdapter:
         """The loop's adapter for this trainer's trial (the DeepSpeed Trainer gives its own)."""

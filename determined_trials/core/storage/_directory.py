@@ -101,6 +101,7 @@ class DirectoryStorage(StorageManager):
         if final.exists():
             raise StorageError(f"checkpoint {storage_id!r} already exists in {self._root}; ids must be fresh")
         ready = ranks[0] if len(ranks) == 1 else _merge(ranks, staging / _MERGED)
+        _fsync_tree(ready)  # every file is on disk before the checkpoint can be listed
         _write_synced(ready / METADATA_FILE, dump_metadata(metadata))
         os.rename(ready, final)
         _fsync_dir(self._root)
@@ -197,6 +198,18 @@ def _write_synced(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file under ``root``, then every folder (their entries), deepest first."""
+    for dirpath, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
 
 
 def _fsync_dir(path: Path) -> None:

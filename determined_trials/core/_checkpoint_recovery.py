@@ -1,0 +1,58 @@
+"""Settle what a killed checkpoint writer left: pending store rows and staging folders.
+
+A checkpoint is recorded PENDING before anything is staged, published (metadata.json last, one
+rename), then recorded COMPLETED. After a crash, a pending checkpoint that was published is
+recorded complete; one that was not is removed with its staging files.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from determined_trials.core.storage import StorageManager
+
+if TYPE_CHECKING:
+    from determined_trials.core._store import LocalStore
+
+__all__ = ["STALE_STAGING_S", "recover_checkpoints", "remove_stale_staging"]
+
+logger = logging.getLogger("determined_trials.core")
+
+STALE_STAGING_S = 3600.0
+"""Staging folders no live writer touched for this long are removed at start-up (orphans of crashes)."""
+
+
+def recover_checkpoints(store: LocalStore, storage: StorageManager, trial_id: int) -> tuple[list[str], list[str]]:
+    """Settle ``trial_id``'s pending checkpoints (no writer of that trial may be running).
+
+    Returns ``(completed, removed)``: the uuids now recorded as complete, and those deleted.
+    """
+    completed: list[str] = []
+    removed: list[str] = []
+    for uuid in store.pending_checkpoints(trial_id):
+        if storage.exists(uuid):
+            metadata = storage.read_metadata(uuid)
+            store.add_checkpoint(
+                uuid=uuid, trial_id=trial_id, steps_completed=int(metadata["steps_completed"]),
+                metadata=metadata, resources=storage.list_files(uuid), storage=str(storage),
+            )
+            completed.append(uuid)
+            logger.warning("checkpoint %s was published but not recorded before a crash: recorded it now", uuid)
+        else:
+            storage.delete(uuid)
+            store.drop_pending_checkpoint(uuid)
+            removed.append(uuid)
+            logger.info("removed checkpoint %s, whose writer died before publishing it", uuid)
+    return completed, removed
+
+
+def remove_stale_staging(storage: StorageManager, older_than_s: float = STALE_STAGING_S) -> list[str]:
+    """Remove staging folders of crashed writers (storages that stage in place; others: nothing)."""
+    remove = getattr(storage, "remove_stale_staging", None)
+    if remove is None:
+        return []
+    removed: list[str] = remove(older_than_s)
+    if removed:
+        logger.info("removed %d stale checkpoint staging folder(s) from %s", len(removed), storage)
+    return removed

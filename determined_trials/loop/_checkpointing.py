@@ -1,0 +1,133 @@
+"""The loop's checkpoint step: synchronous, or a host-memory snapshot taken on the training thread
+and written by one background writer (serialise, fsync, publish, record) while training goes on.
+
+At most one write is in flight: the next checkpoint, a stop, preemption and the end of ``run``
+wait for it. ``on_checkpoint_upload_end`` fires on the training thread when a write is collected,
+once per checkpoint and in order; a writer's exception is raised there, on every rank.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from determined_trials.loop._adapter import TrialAdapter
+from determined_trials.loop._hooks import HookRunner
+from determined_trials.loop._state import TrialState
+
+if TYPE_CHECKING:
+    from determined_trials.core import Context
+
+__all__ = ["CHECKPOINT_FORMAT", "TRIAL_STATE_FILE", "Checkpointer", "uses_async_save"]
+
+logger = logging.getLogger("determined_trials.loop")
+
+TRIAL_STATE_FILE = "trial_state.json"
+CHECKPOINT_FORMAT = "determined_trials/1"
+
+
+def uses_async_save(adapter: TrialAdapter) -> bool:
+    """Whether ``adapter`` offers snapshot + background write (and is not a sharded saver)."""
+    if getattr(adapter, "sharded_save", False):
+        return False
+    return bool(getattr(adapter, "async_save", False)) and hasattr(adapter, "snapshot")
+
+
+class Checkpointer:
+    """Writes the loop's checkpoints through the Core API, off the training path when it can."""
+
+    def __init__(self, *, core: Context, adapter: TrialAdapter, hooks: HookRunner) -> None:
+        self._core = core
+        self._adapter = adapter
+        self._hooks = hooks
+        self._dist = core.distributed
+        self._is_chief = self._dist.get_rank() == 0
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._future: concurrent.futures.Future[str] | None = None
+        self._in_flight = False  # on every rank: a write was started and not yet collected
+
+    def save(self, state: TrialState) -> None:
+        """Checkpoint ``state`` and the adapter's state (waits for the previous write first)."""
+        self.wait()
+        sharded = bool(getattr(self._adapter, "sharded_save", False))
+        metadata = {"steps_completed": state.batches_trained, "framework": self._adapter.framework,
+                    "format": CHECKPOINT_FORMAT}
+        trial_state = json.dumps(state.state_dict(), indent=1)
+        if uses_async_save(self._adapter):
+            if self._is_chief:
+                snapshot = self._adapter.snapshot()  # type: ignore[attr-defined]
+                self._future = self._writer().submit(self._write, metadata, trial_state, snapshot)
+            self._in_flight = True
+            return
+        storage_id = None
+        if self._is_chief or sharded:
+            if self._is_chief:
+                self._core.train.set_status("checkpointing")
+            with self._core.checkpoint.store_path(metadata, shard=sharded) as (path, storage_id):
+                if self._is_chief:
+                    (path / TRIAL_STATE_FILE).write_text(trial_state)
+                self._adapter.save(path)
+            if self._is_chief:
+                self._core.train.set_status("training")
+        if self._dist.get_size() > 1 and not sharded:
+            storage_id = self._dist.broadcast(storage_id)
+        self._hooks.call("on_checkpoint_upload_end", storage_id)
+
+    def poll(self) -> None:
+        """Collect a finished write without waiting (every rank calls; one broadcast with several)."""
+        if not self._in_flight:
+            return
+        done = self._future is not None and self._future.done()
+        if self._dist.get_size() > 1:
+            done = bool(self._dist.broadcast(done if self._is_chief else None))
+        if done:
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait for the write in flight (if any), fire its hook; re-raise its error on every rank."""
+        if not self._in_flight:
+            return
+        outcome: tuple[BaseException | None, str | None] = (None, None)
+        if self._future is not None:
+            try:
+                outcome = (None, self._future.result())
+            except Exception as exc:  # noqa: BLE001 - raised below, on every rank
+                outcome = (exc, None)
+            self._future = None
+        if self._dist.get_size() > 1:
+            sent = (None if outcome[0] is None else RuntimeError(f"checkpoint writer failed: {outcome[0]!r}"),
+                    outcome[1])
+            received = self._dist.broadcast(sent if self._is_chief else None)
+            outcome = outcome if self._is_chief else received
+        self._in_flight = False
+        if outcome[0] is not None:
+            raise outcome[0]
+        self._hooks.call("on_checkpoint_upload_end", outcome[1])
+
+    def close(self) -> None:
+        """After an error: let a write in flight finish (the checkpoint stays valid), then stop the writer."""
+        if self._future is not None:
+            try:
+                self._future.result()
+            except Exception as exc:  # noqa: BLE001 - an earlier error is already propagating
+                logger.error("the background checkpoint write failed too: %r", exc)
+            self._future = None
+        self._in_flight = False
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _writer(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="det-checkpoint-writer")
+        return self._executor
+
+    def _write(self, metadata: dict[str, Any], trial_state: str, snapshot: Any) -> str:
+        """On the writer thread: serialise the snapshot, then publish and record it (fsynced by storage)."""
+        with self._core.checkpoint.store_path(metadata) as (path, storage_id):
+            Path(path, TRIAL_STATE_FILE).write_text(trial_state)
+            self._adapter.write_snapshot(snapshot, path)  # type: ignore[attr-defined]
+        return str(storage_id)
