@@ -74,8 +74,10 @@ class LocalRayCluster:
                                                 env=self._env, start_new_session=True))
 
     def start(self) -> LocalRayCluster:
+        client_port, dashboard_port = _free_ports(2)  # Ray's dashboard process runs even without the UI
         head = [_RAY, "start", "--head", f"--port={self.port}", "--include-dashboard=false",
-                f"--temp-dir={self.temp}", f"--ray-client-server-port={_free_ports(1)[0]}", *_node_args(_free_ports(16), 2)]
+                f"--dashboard-port={dashboard_port}", f"--temp-dir={self.temp}",
+                f"--ray-client-server-port={client_port}", *_node_args(_free_ports(16), 2)]
         self._spawn(head, "head.log")
         second = [_RAY, "start", f"--address={self.address}", *_node_args(_free_ports(16), 1)]
         if self.hidden is not None:
