@@ -32,6 +32,8 @@ __all__ = ["PyTorchAdapter"]
 
 logger = logging.getLogger("determined_trials.pytorch")
 
+_CPU = torch.device("cpu")
+
 
 class PyTorchAdapter:
     """Runs one PyTorchTrial under the loop."""
@@ -88,6 +90,7 @@ class PyTorchAdapter:
             add_metrics = self._add_and_keep
         schedulers, reducers = context.lr_schedulers, context.reducers
         to_device = context.to_device if context.experimental._auto_to_device else None
+        on_cpu = context.device == _CPU  # batches of CPU tensors then need no move (to_device returns them)
         profiler = context._profiler
         for _ in range(num_batches):
             batch = next(stream)
@@ -96,8 +99,11 @@ class PyTorchAdapter:
                 self._open_epoch(epoch_idx, state)
             elif self._current_epoch is None:  # resumed mid-epoch: it was opened before the stop
                 self._current_epoch = epoch_idx
-            context._start_batch(batch_idx, epoch_len or None, epoch_idx=epoch_idx, batch_in_epoch=in_epoch)
-            if to_device is not None:
+            if epoch_len:
+                context._start_known_batch(batch_idx, epoch_len)
+            else:
+                context._start_batch(batch_idx, None, epoch_idx=epoch_idx, batch_in_epoch=in_epoch)
+            if to_device is not None and not (on_cpu and _cpu_tensors(batch)):
                 batch = to_device(batch)
             add_metrics(trial.train_batch(batch, epoch_idx, batch_idx))
             context._end_batch()
@@ -296,6 +302,16 @@ def _average_batches(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any
             merged[key] = sum(values) / len(values) if numeric and len(values) > 1 else first
         averaged.append(merged)
     return averaged
+
+
+def _cpu_tensors(batch: Any) -> bool:
+    """Whether ``batch`` is a tuple or list of CPU tensors (what ``to_device`` returns unchanged on CPU)."""
+    if type(batch) is not tuple and type(batch) is not list:
+        return False
+    for item in batch:  # noqa: SIM110 - a plain loop: no generator object per batch
+        if not isinstance(item, torch.Tensor) or not item.is_cpu:
+            return False
+    return True
 
 
 def _raw_batch_size(loader: Any, size: int) -> int | None:

@@ -229,10 +229,17 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
     def _start_batch(self, batch_idx: int, epoch_len: int | None, **epoch: int) -> None:
         """Trainer hook, before each training batch: set the position and clear per-batch flags."""
         if epoch_len:  # the trainer's values are already valid: skip the public path's checks
-            self._batch_idx, self._epoch_len = batch_idx, epoch_len
-            self._epoch_idx, self._batch_in_epoch = divmod(batch_idx, epoch_len)
-        else:
-            self._set_position(batch_idx, epoch_len, **epoch)
+            self._start_known_batch(batch_idx, epoch_len)
+            return
+        self._set_position(batch_idx, epoch_len, **epoch)
+        self._optimizer_stepped_this_batch = False
+        if self._aggregation_frequency > 1:
+            _ddp.set_grad_sync(self.models, self._is_update_batch())
+
+    def _start_known_batch(self, batch_idx: int, epoch_len: int) -> None:
+        """``_start_batch`` when the epoch length is known (the common case, without keyword arguments)."""
+        self._batch_idx, self._epoch_len = batch_idx, epoch_len
+        self._epoch_idx, self._batch_in_epoch = divmod(batch_idx, epoch_len)
         self._optimizer_stepped_this_batch = False
         if self._aggregation_frequency > 1:
             _ddp.set_grad_sync(self.models, self._is_update_batch())
