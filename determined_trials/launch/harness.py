@@ -46,9 +46,8 @@ LATEST_CHECKPOINT_ENV = "DET_LATEST_CHECKPOINT"
 USAGE_EXIT_CODE = 2
 _PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 logger = logging.getLogger("determined_trials.launch")
-# trial family -> module with check_trial(cls) and train(cls, config, fit_arguments, on_ready); PyTorchTrial is below
-_FAMILY_TRAINERS = {"TFKerasTrial": "determined_trials.keras._harness",
-                    "DeepSpeedTrial": "determined_trials.deepspeed._harness"}
+# trial family -> its package (``init``, ``Trainer``; ``_trial.check_trial_class``); other classes are PyTorchTrials
+_FAMILY_PACKAGES = {"TFKerasTrial": "determined_trials.keras", "DeepSpeedTrial": "determined_trials.deepspeed"}
 
 
 class HarnessError(Exception):
@@ -95,9 +94,9 @@ def load_pytorch_trial(spec_text: str, context_dir: str | os.PathLike[str] = "."
 def _check_pytorch_trial(cls: type, spec: TrialSpec) -> None:
     family = trial_family(cls)
     name = f"{cls.__name__!r} in {spec.where}"
-    if family in _FAMILY_TRAINERS:
+    if family in _FAMILY_PACKAGES:
         try:
-            importlib.import_module(_FAMILY_TRAINERS[family]).check_trial(cls)
+            importlib.import_module(f"{_FAMILY_PACKAGES[family]}._trial").check_trial_class(cls)
         except TypeError as exc:
             raise TrialSpecError(f"--trial {spec.text!r}: {exc}") from None
         return
@@ -213,19 +212,13 @@ def _configure_logging(debug: bool) -> None:
 def _train(trial_cls: type, config: Any, latest_checkpoint: str | None, early: _EarlySignals) -> int:
     from determined_trials.loop import ExitReason
 
-    family = trial_family(trial_cls)
-    if family in _FAMILY_TRAINERS:
-        train = importlib.import_module(_FAMILY_TRAINERS[family]).train
-        exit_reason = train(trial_cls, config, _fit_arguments(config, latest_checkpoint), early.hand_over)
-    else:
-        from determined_trials import pytorch
-
-        trainer = None
-        with pytorch.init(exp_conf=config) as context:  # swallows InvalidHP: the trial ends early, as a success
-            early.hand_over()
-            trainer = pytorch.Trainer(trial_cls(context), context)
-            trainer.fit(**_fit_arguments(config, latest_checkpoint))
-        exit_reason = None if trainer is None else trainer.exit_reason
+    package = importlib.import_module(_FAMILY_PACKAGES.get(trial_family(trial_cls) or "", "determined_trials.pytorch"))
+    trainer = None
+    with package.init(exp_conf=config) as context:  # swallows InvalidHP: the trial ends early, as a success
+        early.hand_over()
+        trainer = package.Trainer(trial_cls(context), context)
+        trainer.fit(**_fit_arguments(config, latest_checkpoint))
+    exit_reason = None if trainer is None else trainer.exit_reason
     if exit_reason is not ExitReason.PREEMPTED:
         return 0
     folder = launch_dir()
