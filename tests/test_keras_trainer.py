@@ -122,6 +122,19 @@ def test_stop_request_mid_epoch_then_resume_is_bitwise_exact(tmp_path: Path, dat
     assert len(expected) == len(got) and all(np.array_equal(a, b) for a, b in zip(expected, got))
 
 
+def test_latest_resumes_a_plain_script_like_pytorch(tmp_path: Path) -> None:
+    hp = {"global_batch_size": 16, "data": "arrays"}
+    _, whole, _ = _fit(MLPTrial, tmp_path / "whole", hp, max_length=det_keras.Batch(15))
+    _, _, first = _fit(MLPTrial, tmp_path / "parts", {**hp, "stop_at": 8}, max_length=det_keras.Batch(15))
+    assert first.exit_reason is ExitReason.STOPPED
+    _, resumed, second = _fit(MLPTrial, tmp_path / "parts", hp, max_length=det_keras.Batch(15),
+                              latest_checkpoint="latest")
+    assert second.exit_reason is ExitReason.COMPLETED
+    assert int(resumed.models[0].optimizer.iterations) == 15
+    expected, got = _weights(whole.models[0]), _weights(resumed.models[0])
+    assert all(np.array_equal(a, b) for a, b in zip(expected, got))
+
+
 def test_checkpoint_loads_as_a_compiled_model(tmp_path: Path) -> None:
     _, context, _ = _fit(MLPTrial, tmp_path, {"global_batch_size": 16}, max_length=det_keras.Batch(5))
     folders = [p.parent for p in tmp_path.rglob("model.keras")]

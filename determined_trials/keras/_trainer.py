@@ -12,7 +12,6 @@ from typing import Any
 import tensorflow as tf
 
 from determined_trials import core
-from determined_trials._info import get_cluster_info
 from determined_trials._trial_context import _DEFAULT_SEARCHER
 from determined_trials.config import ExperimentConfig, load_config
 from determined_trials.keras._adapter import KerasAdapter
@@ -20,6 +19,7 @@ from determined_trials.keras._backend import require_tensorflow_backend
 from determined_trials.keras._context import TFKerasTrialContext
 from determined_trials.keras._trial import TFKerasTrial, check_trial_class
 from determined_trials.loop import Batch, Controller, ExitReason, HookRunner, LoopSettings, TrainUnit
+from determined_trials.loop._resume import interrupt_stops_training, resolve_resume
 
 __all__ = ["Trainer", "init"]
 
@@ -117,13 +117,14 @@ class Trainer:
             show_progress=show_progress, searcher_metric=_searcher_metric(searcher.metric),
             smaller_is_better=searcher.smaller_is_better,
         )
-        if latest_checkpoint is None and get_cluster_info() is not None:
-            latest_checkpoint = core_context.info.latest_checkpoint
+        latest_checkpoint = resolve_resume(core_context, latest_checkpoint)
         hooks = HookRunner({})
         adapter = KerasAdapter(self._trial, self._context, hooks)
         hooks.callbacks["keras_callbacks"] = adapter.callbacks
         controller = Controller(core=core_context, adapter=adapter, hooks=hooks, settings=settings)
-        self.exit_reason = controller.run(latest_checkpoint)
+        with interrupt_stops_training(core_context) as exits:  # Ctrl-C as for PyTorch: stop, checkpoint, exit 75
+            self.exit_reason = controller.run(latest_checkpoint)
+            exits.append(self.exit_reason)
 
 
 def _searcher_metric(metric: str | None) -> str | None:
