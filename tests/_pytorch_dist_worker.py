@@ -25,10 +25,15 @@ _writes: list[tuple[str, int]] = []  # this rank's calls of the store's write me
 def _track_store_writes() -> None:
     """Record every metrics/checkpoint row this process writes (the chief should write them all)."""
     add_metrics, add_checkpoint = LocalStore.add_metrics, LocalStore.add_checkpoint
+    add_reports = LocalStore.add_metrics_reports
 
     def metrics(self: LocalStore, *args: Any, **kwargs: Any) -> Any:
         _writes.append((f"metrics:{kwargs.get('group')}", int(kwargs["steps_completed"])))
         return add_metrics(self, *args, **kwargs)
+
+    def reports(self: LocalStore, *args: Any, **kwargs: Any) -> Any:
+        _writes.extend((f"metrics:{r['group']}", int(r["steps_completed"])) for r in kwargs["reports"])
+        return add_reports(self, *args, **kwargs)
 
     def checkpoint(self: LocalStore, *args: Any, **kwargs: Any) -> Any:
         if not kwargs.get("pending"):  # a checkpoint is recorded pending first, then completed
@@ -36,6 +41,7 @@ def _track_store_writes() -> None:
         return add_checkpoint(self, *args, **kwargs)
 
     LocalStore.add_metrics = metrics  # type: ignore[method-assign]
+    LocalStore.add_metrics_reports = reports  # type: ignore[method-assign]
     LocalStore.add_checkpoint = checkpoint  # type: ignore[method-assign]
 
 

@@ -177,10 +177,11 @@ def init(
     def parts(trial: TrialInfo) -> dict[str, Any]:
         if dist.get_rank() == 0:  # settle what a killed writer of this trial left behind
             recover_checkpoints(store, storage, trial.trial_id)
+        train = _build_train(store, trial, dist, tensorboard_mode, run_path, exp_config)
+        recorder = _StoreRecorder(store, trial.trial_id, str(storage), before_record=train.flush_reports)
         return {
-            "checkpoint": CheckpointContext(
-                dist, storage, recorder=_StoreRecorder(store, trial.trial_id, str(storage))),
-            "train": _build_train(store, trial, dist, tensorboard_mode, run_path, exp_config),
+            "checkpoint": CheckpointContext(dist, storage, recorder=recorder),
+            "train": train,
             "searcher": _build_searcher(store, trial, dist, exp_config, info),
             "profiler": ProfilerContext(dist, _profiler_reporter(store, trial.trial_id)),
         }
@@ -263,18 +264,21 @@ def _profiler_reporter(store: LocalStore, trial_id: int) -> Any:
 class _StoreRecorder:
     """Records checkpoints of one trial in the store (what the cluster master would do)."""
 
-    def __init__(self, store: LocalStore, trial_id: int, storage: str) -> None:
+    def __init__(self, store: LocalStore, trial_id: int, storage: str, before_record: Callable[[], None]) -> None:
         self._store = store
         self._trial_id = trial_id
         self._storage = storage
+        self._before_record = before_record  # metrics reported before a checkpoint are stored before it
 
     def checkpoint_saved(self, storage_id: str, metadata: dict[str, Any], resources: dict[str, int]) -> None:
+        self._before_record()
         self._store.add_checkpoint(
             uuid=storage_id, trial_id=self._trial_id, steps_completed=int(metadata["steps_completed"]),
             metadata=metadata, resources=resources, storage=self._storage,
         )
 
     def checkpoint_pending(self, storage_id: str, metadata: dict[str, Any]) -> None:
+        self._before_record()
         self._store.add_checkpoint(
             uuid=storage_id, trial_id=self._trial_id, steps_completed=int(metadata.get("steps_completed", 0)),
             metadata=metadata, resources={}, storage=self._storage, pending=True,

@@ -53,6 +53,8 @@ class PreemptContext:
         self._mode = mode
         self._signals = signals
         self._requested = threading.Event()
+        #: True once a preemption was requested (a plain flag: what the training loop reads every batch)
+        self.signalled = False
         self._forwarded = False
         self._acknowledged = False
         self._started = False
@@ -100,7 +102,7 @@ class PreemptContext:
                 raise KeyboardInterrupt
             seen.append(True)
             print(message, file=sys.stderr, flush=True)
-            self._requested.set()
+            self._request()
 
         if install:
             signal.signal(signal.SIGINT, on_interrupt)
@@ -112,6 +114,15 @@ class PreemptContext:
 
     def request_preemption(self) -> None:
         """Ask this task to stop as if it had received SIGTERM (thread-safe)."""
+        self._request()
+
+    @property
+    def decides_locally(self) -> bool:
+        """Whether ``check`` needs no collective (one process, or WorkersAskMaster), once started."""
+        return self._local_decision
+
+    def _request(self) -> None:
+        self.signalled = True
         self._requested.set()
 
     def should_preempt(self, auto_ack: bool = True) -> bool:
@@ -167,7 +178,7 @@ class PreemptContext:
             return
         self._first_signal_seen[sig] = True
         logger.info("received %s: the task will checkpoint and stop at the next preemption check", sig.name)
-        self._requested.set()
+        self._request()
 
     def _exit_as_before(self, sig: signal.Signals, frame: FrameType | None) -> None:
         """A second identical signal behaves as it would have without us (usually: the process ends)."""

@@ -311,6 +311,27 @@ class LocalStore(StoreReads):
             (int(trial_id), group, _steps(steps_completed), dumps(metrics, f"{group} metrics"), batch, now()),
         )
 
+    def add_metrics_reports(self, *, trial_id: int, reports: Sequence[dict[str, Any]]) -> None:
+        """Append several reports of the trial in one transaction; each is ``add_metrics``' keyword
+        arguments (``group``, ``steps_completed``, ``metrics``, optional ``batch_metrics``) plus
+        ``reported_time``, the time it was reported."""
+        rows = []
+        for report in reports:
+            group, batches = report["group"], report.get("batch_metrics")
+            rows.append((int(trial_id), group, _steps(report["steps_completed"]),
+                         dumps(report["metrics"], f"{group} metrics"),
+                         None if batches is None else dumps(list(batches), f"{group} batch metrics"),
+                         float(report["reported_time"])))
+        with self._transaction() as conn:
+            try:
+                conn.executemany(
+                    "INSERT INTO metrics (trial_id, grp, steps_completed, metrics, batch_metrics, reported_time) "
+                    "VALUES (?, ?, ?, ?, ?, ?)", rows)
+            except sqlite3.IntegrityError as exc:
+                if "FOREIGN KEY" in str(exc):
+                    raise self._not_found("trial", trial_id) from None
+                raise
+
     # -- checkpoints ------------------------------------------------------------------------------
     def add_checkpoint(
         self,

@@ -7,6 +7,7 @@ import logging
 import math
 import numbers
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from determined_trials.core._metrics import (
     scalar_items,
     to_json_metrics,
 )
+from determined_trials.core._report_buffer import DisplayFields, ReportBuffer
 from determined_trials.core._tensorboard import ScalarWriter, tag_for
 
 if TYPE_CHECKING:
@@ -65,6 +67,8 @@ class TrainContext:
         self._searcher_metric = searcher_metric
         self._smaller_is_better = smaller_is_better
         self._tb_writer = ScalarWriter(tensorboard_dir) if self._writes_tensorboard() else None
+        self._display = DisplayFields(store, trial_id)
+        self._reports = ReportBuffer(store, trial_id)
         self._keys_at_step: dict[str, tuple[int, set[str]]] = {}
         self._warned_non_finite: set[tuple[str, str]] = set()
 
@@ -74,7 +78,13 @@ class TrainContext:
         metrics: dict[str, Any],
         batch_metrics: list[dict[str, Any]] | None = None,
     ) -> None:
-        """Report training metrics at ``steps_completed`` (usually batches trained so far)."""
+        """Report training metrics at ``steps_completed`` (usually batches trained so far).
+
+        Training reports less than a second apart are stored together, in one transaction: at the
+        latest a second later (at the next report), and always before any other report, checkpoint
+        record, read of this process's store and exit. Only a kill -9 or a power loss in that second
+        can lose them (after the last checkpoint: a resume trains and reports those batches again).
+        """
         self._report("training", steps_completed, metrics, batch_metrics)
 
     def report_validation_metrics(self, steps_completed: int, metrics: dict[str, Any]) -> None:
@@ -87,14 +97,15 @@ class TrainContext:
         self._report(group, steps_completed, metrics, None)
 
     def report_progress(self, progress: float) -> None:
-        """Report the trial's progress as a fraction in [0, 1]."""
+        """Report the trial's progress as a fraction in [0, 1] (stored within a second; 1.0 at once)."""
         if not 0.0 <= float(progress) <= 1.0:
             raise ValueError(f"progress must be a fraction between 0 and 1, got {progress!r}")
-        self._store.set_trial_progress(self._trial_id, float(progress))
+        self._display.set("progress", float(progress), now=float(progress) == 1.0)
 
     def set_status(self, status: str) -> None:
-        """A short text saying what the trial is doing now (shown by ``det-trials trial list``)."""
-        self._store.set_trial_status(self._trial_id, str(status))
+        """A short text saying what the trial is doing now (shown by ``det-trials trial list``;
+        stored within a second, or at the next report after that)."""
+        self._display.set("status", str(status))
 
     def set_metadata(self, metadata: dict[str, Any]) -> dict[str, Any]:
         """Replace the trial's metadata (any JSON dict); returns what was stored."""
@@ -147,10 +158,18 @@ class TrainContext:
             self._experiment_id, self._searcher_metric, self._smaller_is_better
         )
 
+    def flush_reports(self) -> None:
+        """Store the training reports still held back (see ``report_training_metrics``)."""
+        self._reports.flush()
+
     def close(self) -> None:
-        """Close the TensorBoard event file."""
-        if self._tb_writer is not None:
-            self._tb_writer.close()
+        """Store the held-back reports, progress and status; close the TensorBoard event file."""
+        try:
+            self._reports.flush()
+            self._display.write()
+        finally:
+            if self._tb_writer is not None:
+                self._tb_writer.close()
 
     def _writes_tensorboard(self) -> bool:
         return self._tensorboard_mode is TensorboardMode.AUTO and self._dist.get_rank() == 0
@@ -169,13 +188,12 @@ class TrainContext:
             batches = [to_json_metrics(m, what=f"batch_metrics[{i}]") for i, m in enumerate(batch_metrics)]
         self._check_no_overlap(group, steps, converted)
         self._warn_non_finite(group, steps, converted)
-        self._store.add_metrics(
-            trial_id=self._trial_id, group=group, steps_completed=steps,
-            metrics=converted, batch_metrics=batches,
-        )
+        self._reports.add({"group": group, "steps_completed": steps, "metrics": converted,
+                           "batch_metrics": batches, "reported_time": time.time()}, now=group != "training")
         if self._tb_writer is not None:
             scalars = [(tag_for(group, key), value) for key, value in scalar_items(converted)]
-            self._tb_writer.add_scalars(steps, scalars)
+            self._tb_writer.add_scalars(steps, scalars, flush=group != "training")
+        self._display.write_if_due()
         logger.debug("reported %s metrics at step %d: %s", group, steps, converted)
 
     def _warn_non_finite(self, group: str, steps: int, metrics: dict[str, Any]) -> None:

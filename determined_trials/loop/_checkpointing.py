@@ -49,14 +49,16 @@ class Checkpointer:
         self._future: concurrent.futures.Future[str] | None = None
         self._in_flight = False  # on every rank: a write was started and not yet collected
 
-    def save(self, state: TrialState) -> None:
-        """Checkpoint ``state`` and the adapter's state (waits for the previous write first)."""
+    def save(self, state: TrialState, *, final: bool = False) -> None:
+        """Checkpoint ``state`` and the adapter's state (waits for the previous write first). A
+        ``final`` checkpoint (nothing trains after it) is written at once from the live state: a
+        snapshot would only add a copy, since the loop would wait for the writer right after."""
         self.wait()
         sharded = bool(getattr(self._adapter, "sharded_save", False))
         metadata = {"steps_completed": state.batches_trained, "framework": self._adapter.framework,
                     "format": CHECKPOINT_FORMAT}
         trial_state = json.dumps(state.state_dict(), indent=1)
-        if uses_async_save(self._adapter):
+        if uses_async_save(self._adapter) and not final:
             if self._is_chief:
                 snapshot = self._adapter.snapshot()  # type: ignore[attr-defined]
                 self._future = self._writer().submit(self._write, metadata, trial_state, snapshot)

@@ -10,7 +10,7 @@ import enum
 import json
 import logging
 import math
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +90,7 @@ class Controller:
         self._progress: Progress | None = None
         self._metric_checked = False
         self._checkpointer = Checkpointer(core=core, adapter=adapter, hooks=hooks)
+        self._final_batch: int | None = None  # with max_length: nothing trains after this batch
 
     def run(self, latest_checkpoint: str | None = None) -> ExitReason:
         """Train until the length is reached, the trial is preempted or it asks to stop."""
@@ -121,6 +122,7 @@ class Controller:
     def _shutdown(self) -> None:
         try:
             self._checkpointer.close()
+            self._core.train.flush_reports()  # what the run reported is in the store when it returns
             if self._settings.profiling_enabled:
                 self._core.profiler.off()
             if self._progress is not None:
@@ -138,6 +140,8 @@ class Controller:
             self._validate()
         if self._validation_owed(schedule):
             self._validate()  # the run stopped at a validation boundary before validating: do it now
+        if self._settings.max_length is not None:
+            self._final_batch = self._to_batches(self._settings.max_length, shape)
         for target in self._targets(shape):
             self._progress.set_total(target.batches)
             while self._state.batches_trained < target.batches:
@@ -151,7 +155,7 @@ class Controller:
                 break
         if self._state.last_validation != self._state.batches_trained:
             self._validate()
-        self._checkpoint_if_needed()
+        self._checkpoint_if_needed(final=True)
         if self._settings.max_length is not None and not self._settings.test_mode:
             self._complete_reached_operations(shape)
         return ExitReason.COMPLETED
@@ -163,7 +167,7 @@ class Controller:
             end = state.batches_trained + 1
         else:
             end = schedule.next_boundary(state.batches_trained, target)
-        self._adapter.train(end - state.batches_trained, state, self._should_stop)
+        self._adapter.train(end - state.batches_trained, state, self._stop_check())
         fired = schedule.fired(state.batches_trained, target)
         self._end_workload(target)
         if self._exit is not None:
@@ -182,6 +186,23 @@ class Controller:
         trained = state.batches_trained
         return trained > 0 and rule is not None and rule.fires(trained) and state.last_validation != trained
 
+    def _stop_check(self) -> Callable[[], bool]:
+        """The per-batch stop check for the adapter: on one process two flag reads, the full decision
+        (``_should_stop``) only once one is set; with several ranks the agreed decision every batch.
+
+        On one process the check carries ``local_preempt`` (the PreemptContext, whose ``signalled``
+        flag it reads): an adapter may read that flag and its own stop flag itself and call the check
+        only when one is set, which decides the same."""
+        preempt, adapter_stop = self._core.preempt, self._adapter.stop_requested
+        if not preempt.decides_locally:
+            return self._should_stop
+
+        def check() -> bool:
+            return (preempt.signalled or adapter_stop()) and self._should_stop()
+
+        check.local_preempt = preempt  # type: ignore[attr-defined]
+        return check
+
     def _should_stop(self) -> bool:
         preempt, stop = self._core.preempt.check(stop_requested=self._adapter.stop_requested())
         if preempt:
@@ -193,7 +214,7 @@ class Controller:
     def _exit_early(self) -> ExitReason:
         assert self._exit is not None
         logger.info("%s after batch %d: checkpointing and exiting", self._exit.value, self._state.batches_trained)
-        self._checkpoint_if_needed()
+        self._checkpoint_if_needed(final=True)
         return self._exit
 
     def _targets(self, shape: DataShape) -> Iterator[_Target]:
@@ -274,12 +295,13 @@ class Controller:
             return True
         return value < best if self._settings.smaller_is_better else value > best
 
-    def _checkpoint_if_needed(self) -> None:
+    def _checkpoint_if_needed(self, *, final: bool = False) -> None:
         state = self._state
         if state.last_checkpoint == state.batches_trained and state.batches_trained > 0:
             return
         state.last_checkpoint = state.batches_trained
-        self._checkpointer.save(state)
+        final = final or (self._final_batch is not None and state.batches_trained >= self._final_batch)
+        self._checkpointer.save(state, final=final)
 
     def _complete_reached_operations(self, shape: DataShape) -> None:
         """``fit(max_length=...)`` under a searcher: the operations the run trained through are

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from determined_trials._info import get_cluster_info
+from determined_trials.core._resume import latest_bare_checkpoint, resume_bare_trial
 from determined_trials.core._store_records import NotFoundError
 from determined_trials.errors import TrainingInterrupted
 
@@ -33,8 +34,6 @@ def resolve_resume(core: Context, latest_checkpoint: str | None) -> str | None:
     """The checkpoint uuid to resume from. Under a launcher ``None``/``"latest"`` mean the launcher's;
     in a plain script ``"latest"`` means the newest checkpoint of an earlier run of the same
     experiment name in the run folder, and resuming continues that run's trial."""
-    from determined_trials.core._resume import latest_bare_checkpoint, resume_bare_trial
-
     if get_cluster_info() is not None:
         if latest_checkpoint in (None, "latest"):
             return core.info.latest_checkpoint

@@ -8,13 +8,13 @@ until ``training_metrics()`` at the boundary, which does one host transfer and o
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from determined_trials.loop import DataShape, HookRunner, TrialState
+from determined_trials.pytorch._batch_loop import CPU, BatchLoop, cpu_tensors
 from determined_trials.pytorch._callback import overrides_hook
 from determined_trials.pytorch._checkpoint_io import (
     load_trial_state,
@@ -32,11 +32,8 @@ __all__ = ["PyTorchAdapter"]
 
 logger = logging.getLogger("determined_trials.pytorch")
 
-_CPU = torch.device("cpu")
-
-
-class PyTorchAdapter:
-    """Runs one PyTorchTrial under the loop."""
+class PyTorchAdapter(BatchLoop):
+    """Runs one PyTorchTrial under the loop (its ``train`` is the BatchLoop's)."""
 
     framework = f"torch-{torch.__version__}"
 
@@ -51,6 +48,7 @@ class PyTorchAdapter:
         self._validation_loader: Any = None
         self._train_metrics = TrainingMetrics()
         self._uses_evaluate_batch = type(trial).evaluate_batch is not PyTorchTrial.evaluate_batch
+        self._evaluate_takes_batch_idx = self._uses_evaluate_batch and evaluate_takes_batch_idx(trial)
         callbacks = list(hooks.callbacks.values())
         self._keep_outputs = overrides_hook(callbacks, "on_validation_epoch_end")
         self._kept_batches: list[Any] | None = (
@@ -82,70 +80,21 @@ class PyTorchAdapter:
         self._train_metrics.reset()
         return DataShape(self._epoch_len, global_batch)
 
-    def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
-        context, trial = self._context, self._trial
-        epoch_len = self._epoch_len or 0
-        stream, add_metrics = self._stream, self._train_metrics.add
-        if self._kept_batches is not None:  # opted in: also keep each batch's outputs (no sync here)
-            add_metrics = self._add_and_keep
-        schedulers, reducers = context.lr_schedulers, context.reducers
-        to_device = context.to_device if context.experimental._auto_to_device else None
-        on_cpu = context.device == _CPU  # batches of CPU tensors then need no move (to_device returns them)
-        profiler = context._profiler
-        for _ in range(num_batches):
-            batch = next(stream)
-            batch_idx, epoch_idx, in_epoch = state.batches_trained, stream.epoch_idx, stream.batch_in_epoch
-            if in_epoch == 0:
-                self._open_epoch(epoch_idx, state)
-            elif self._current_epoch is None:  # resumed mid-epoch: it was opened before the stop
-                self._current_epoch = epoch_idx
-            if epoch_len:
-                context._start_known_batch(batch_idx, epoch_len)
-            else:
-                context._start_batch(batch_idx, None, epoch_idx=epoch_idx, batch_in_epoch=in_epoch)
-            if to_device is not None and not (on_cpu and _cpu_tensors(batch)):
-                batch = to_device(batch)
-            add_metrics(trial.train_batch(batch, epoch_idx, batch_idx))
-            context._end_batch()
-            reducers.batch_end()
-            epoch_ended = in_epoch + 1 == epoch_len
-            for scheduler in schedulers:
-                scheduler.after_batch(batch_idx, context._optimizer_stepped_this_batch, epoch_ended, epoch_idx)
-            state.batches_trained += 1
-            if epoch_ended:
-                self._close_epoch(state)
-            if profiler is not None:
-                profiler.step()
-            if should_stop():
-                break
-
-    def _open_epoch(self, epoch_idx: int, state: TrialState) -> None:
-        """Start an epoch; a raw loader's shorter-than-len pass is closed here, when the next begins."""
-        if self._current_epoch is not None:
-            self._close_epoch(state)
-        self._current_epoch = epoch_idx
-        self._hooks.call("on_training_epoch_start", epoch_idx)
-
-    def _close_epoch(self, state: TrialState) -> None:
-        epoch_idx, self._current_epoch = self._current_epoch, None
-        self._hooks.call("on_training_epoch_end", epoch_idx)
-        state.epochs_trained += 1
-
-    def _add_and_keep(self, output: Any) -> None:
-        self._train_metrics.add(output)
-        assert self._kept_batches is not None
-        self._kept_batches.append({"loss": output} if isinstance(output, torch.Tensor) else dict(output))
-
     def batch_metrics(self) -> list[dict[str, Any]]:
         """The last workload's per-batch metrics, averaged across ranks; [] unless a callback opted in."""
         return self._batch_metrics
 
     def stop_requested(self) -> bool:
-        return self._context.get_stop_requested()
+        return self._context._stop_requested  # read every batch: the attribute, not the getter
 
     def training_metrics(self) -> dict[str, Any]:
         reducers = self._context.reducers
         kept = self._kept_batches
+        if kept is None and self._dist.get_size() == 1 and not reducers.has_reducers(True):
+            loss = self._train_metrics.local_loss_mean()  # the common case, in fewer steps
+            if loss is not None:
+                self._train_metrics.reset()
+                return loss
         per_batch = None if kept is None else [{k: _to_python(v) for k, v in out.items()} for out in kept]
         payload = (self._train_metrics.summary(), reducers.per_slot(True), per_batch)
         gathered = self._allgather(payload)
@@ -211,13 +160,18 @@ class PyTorchAdapter:
     def _evaluate_batches(self, test_mode: bool) -> dict[str, Any]:
         loader = self._validation_data(sharded=True)
         metrics = ValidationMetrics(self._trial.evaluation_reducer())
-        with_idx = evaluate_takes_batch_idx(self._trial)
+        with_idx = self._evaluate_takes_batch_idx
         to_device = self._context.to_device if self._context.experimental._auto_to_device else None
+        check_first = to_device is not None and self._context.device == CPU
         reducers = self._context.reducers
         outputs: list[Any] = []
         self._hooks.call("on_validation_epoch_start")
         for batch_idx, batch in enumerate(loader):
             records = self._trial.get_batch_length(batch)
+            if check_first:  # on a CPU trial, CPU tensors need no move (to_device returns them)
+                check_first = False
+                if cpu_tensors(batch):
+                    to_device = None
             if to_device is not None:
                 batch = to_device(batch)
             evaluate: Any = self._trial.evaluate_batch
@@ -302,16 +256,6 @@ def _average_batches(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any
             merged[key] = sum(values) / len(values) if numeric and len(values) > 1 else first
         averaged.append(merged)
     return averaged
-
-
-def _cpu_tensors(batch: Any) -> bool:
-    """Whether ``batch`` is a tuple or list of CPU tensors (what ``to_device`` returns unchanged on CPU)."""
-    if type(batch) is not tuple and type(batch) is not list:
-        return False
-    for item in batch:  # noqa: SIM110 - a plain loop: no generator object per batch
-        if not isinstance(item, torch.Tensor) or not item.is_cpu:
-            return False
-    return True
 
 
 def _raw_batch_size(loader: Any, size: int) -> int | None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.utils.serialization  # noqa: F401 - torch.save imports it on first use: not in the first checkpoint
 
 from determined_trials.loop import HookRunner
 

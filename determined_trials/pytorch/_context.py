@@ -238,8 +238,7 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
 
     def _start_known_batch(self, batch_idx: int, epoch_len: int) -> None:
         """``_start_batch`` when the epoch length is known (the common case, without keyword arguments)."""
-        self._batch_idx, self._epoch_len = batch_idx, epoch_len
-        self._epoch_idx, self._batch_in_epoch = divmod(batch_idx, epoch_len)
+        self._batch_idx, self._epoch_len = batch_idx, epoch_len  # the epoch position derives from both
         self._optimizer_stepped_this_batch = False
         if self._aggregation_frequency > 1:
             _ddp.set_grad_sync(self.models, self._is_update_batch())

@@ -127,12 +127,18 @@ class SampleOrderPlan:
     def batches(self, start: int) -> Iterator[list[int]]:
         first_epoch, step = divmod(start, self.epoch_len)
         n, per_rank, replicas, rank = self._source.n, self._per_rank, self._replicas, self._rank
+        global_size, offset = per_rank * replicas, rank * per_rank
+        full = n // global_size  # steps whose global batch is whole: bounds by arithmetic, no call
         for order in self._source.orders(first_epoch):
             # a converted slice of the order: list slices per batch, and neither memory nor a resume
             # cost that grows with the epoch
             window_start, window = 0, cast("list[int]", [])
             for j in range(step, self.epoch_len):
-                begin, end = rank_bounds(j, n, per_rank, replicas, rank)
+                if j < full:
+                    begin = j * global_size + offset
+                    end = begin + per_rank
+                else:
+                    begin, end = rank_bounds(j, n, per_rank, replicas, rank)
                 if begin < window_start or end > window_start + len(window):
                     window_start, window = begin, _as_ints(order[begin:max(end, begin + _WINDOW)])
                 yield window[begin - window_start:end - window_start]

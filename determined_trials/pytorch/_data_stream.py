@@ -66,10 +66,8 @@ class StreamBatchSampler(torch.utils.data.Sampler[Any]):
         self._plan, self._start, self._with_position = plan, start, with_position
 
     def __iter__(self) -> Iterator[Any]:
-        if not self._with_position:
-            yield from self._plan.batches(self._start)
-            return
-        yield from enumerate(self._plan.batches(self._start), start=self._start)
+        batches = self._plan.batches(self._start)  # returned as is: no generator layer per batch
+        return enumerate(batches, start=self._start) if self._with_position else batches
 
 
 def shutdown_loader_iterator(iterator: Any) -> None:
@@ -135,11 +133,20 @@ class TrainingStream(StreamLifecycle):
         return self
 
     def __next__(self) -> Any:
+        batch = next(self.loader_iterator())
+        self.position += 1
+        return batch
+
+    def loader_iterator(self) -> Iterator[Any]:
+        """The torch loader's iterator (started on first use). ``next()`` on it takes a batch without
+        the stream's bookkeeping: the caller then ``advance``s the stream by the batches it took."""
         if self._iterator is None:
             if self._closed:
                 raise RuntimeError("this TrainingStream was closed; build a new one to keep training")
             self._iterator = iter(self._loader)
-        batch = next(self._iterator)
-        self.position += 1
-        return batch
+        return self._iterator
+
+    def advance(self, batches: int) -> None:
+        """Count ``batches`` taken from ``loader_iterator()`` directly."""
+        self.position += batches
 

@@ -74,7 +74,7 @@ class _Accumulator:
         """Fold the pending tensors into the device result (kernels only, no host sync)."""
         if not self.pending:
             return
-        stacked = torch.stack(self.pending)
+        stacked = self._stack_pending()
         if stacked.is_complex():
             raise TypeError(f"metric {self.key!r} is a complex tensor; report real numbers")
         integral = not stacked.is_floating_point() and self.reducer is not Reducer.AVG
@@ -94,7 +94,20 @@ class _Accumulator:
         else:
             part = stacked.sum(0)
         self.on_device = part if self.on_device is None else _combine(self.reducer, self.on_device, part)
-        self.pending, self.weights = [], []
+        self.pending.clear()  # in place: the trainer's fast path appends to this very list
+        self.weights.clear()
+
+    def _stack_pending(self) -> torch.Tensor:
+        """The pending tensors stacked, after checking their shapes (the trainer's fast path appends
+        losses without a per-batch check; a changed shape is reported here, at the boundary)."""
+        try:
+            stacked = torch.stack(self.pending)
+        except RuntimeError:
+            stacked = None
+        if stacked is None or tuple(stacked.shape[1:]) != self.shape:
+            wrong = next((t for t in self.pending if tuple(t.shape) != self.shape), self.pending[0])
+            raise _shape_error(self.key, self.shape, tuple(wrong.shape))
+        return stacked
 
 
 def _combine(reducer: Reducer, left: Any, right: Any) -> Any:
@@ -274,6 +287,42 @@ class TrainingMetrics(_Metrics):
     """
 
     _what = "train_batch"
+
+    def loss_sink(self) -> tuple[list[torch.Tensor], int] | None:
+        """For the trainer's per-batch fast path: the pending list of a lone ``loss`` metric (append
+        detached loss tensors to it, then ``count_losses``) and the room left in it before it must be
+        compacted; None until the first output was a lone tensor, or when it was not."""
+        accs = self._accs
+        if accs is None or len(accs) != 1 or "loss" not in accs:
+            return None
+        loss = accs["loss"]
+        if loss.weights:
+            return None
+        return loss.pending, loss.limit - len(loss.pending)
+
+    def local_loss_mean(self) -> dict[str, Any] | None:
+        """``combine([summary()])`` for one rank whose outputs are a lone scalar loss tensor (the same
+        float64 sum over the same weight, with fewer steps); None when that is not the case."""
+        accs = self._accs
+        if accs is None or len(accs) != 1 or "loss" not in accs or not self._weight:
+            return None
+        loss = accs["loss"]
+        if loss.shape != () or loss.host is not None:
+            return None
+        loss.compact()
+        if loss.on_device is None or loss.on_device.dtype != torch.float64:
+            return None
+        self.total_batches = self._batches
+        return {"loss": loss.on_device.item() / self._weight}
+
+    def count_losses(self, batches: int) -> None:
+        """Count ``batches`` losses appended to ``loss_sink()``'s list; compacts it once full."""
+        assert self._accs is not None
+        self._batches += batches
+        self._weight += batches
+        loss = self._accs["loss"]
+        if len(loss.pending) >= loss.limit:
+            loss.compact()
 
     def add(self, output: Any) -> None:
         """Record one batch's output (no device-to-host transfer)."""

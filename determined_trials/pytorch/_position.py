@@ -65,7 +65,9 @@ class TrainPosition:
         return in_epoch == self._epoch_len - 1
 
     def _epoch_position(self, what: str) -> tuple[int, int]:
-        self._require_batch_idx(what)
+        batch_idx = self._require_batch_idx(what)
+        if self._epoch_len:  # the trainer may set only `_batch_idx` per batch once the length is set
+            return divmod(batch_idx, self._epoch_len)
         if self._epoch_idx is None or self._batch_in_epoch is None:
             raise RuntimeError(_UNKNOWN_EPOCH.format(what=what))
         return self._epoch_idx, self._batch_in_epoch

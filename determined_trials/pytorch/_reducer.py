@@ -162,6 +162,11 @@ class ReducerRegistry:
         """Whether any reducer is wrapped for training (True) or validation (False)."""
         return bool(self._active(training))
 
+    @property
+    def marks_batches(self) -> bool:
+        """Whether ``batch_end`` does anything (a function reducer is wrapped)."""
+        return bool(self._function_reducers)
+
     def batch_end(self) -> None:
         """Mark the end of a batch for function reducers (cheap; fixes their update order)."""
         for reducer in self._function_reducers:

@@ -221,12 +221,23 @@ def _fsync_tree(root: Path) -> None:
         for folder in folders:
             _fsync_dir(folder)
         return
-    workers = min(_FSYNC_THREADS, len(files) + len(folders))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="det-fsync") as pool:
-        done = [pool.submit(_fsync_file, path) for path in files]
-        done += [pool.submit(_fsync_dir, folder) for folder in folders]
-        for future in done:
-            future.result()  # an error fsyncing a file is raised here, as before
+    pool = _fsync_pool()
+    done = [pool.submit(_fsync_file, path) for path in files]
+    done += [pool.submit(_fsync_dir, folder) for folder in folders]
+    for future in done:
+        future.result()  # an error fsyncing a file is raised here, as before
+
+
+_POOL: dict[int, concurrent.futures.ThreadPoolExecutor] = {}  # pid -> the pool whose threads every commit reuses
+
+
+def _fsync_pool() -> concurrent.futures.ThreadPoolExecutor:
+    pool = _POOL.get(os.getpid())  # a forked child starts its own (its parent's threads are not in it)
+    if pool is None:
+        _POOL.clear()
+        pool = _POOL[os.getpid()] = concurrent.futures.ThreadPoolExecutor(
+            max_workers=_FSYNC_THREADS, thread_name_prefix="det-fsync")
+    return pool
 
 
 def _fsync_file(path: str) -> None:

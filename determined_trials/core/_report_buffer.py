@@ -1,0 +1,76 @@
+"""What a TrainContext stores a little later instead of committing at every call: training reports
+less than a second apart (stored together, in one transaction) and the display-only progress and
+status (the latest value, at most once a second)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from determined_trials.core._store import LocalStore
+
+__all__ = ["HOLD_S", "DisplayFields", "ReportBuffer"]
+
+HOLD_S = 1.0  # the longest a report or display value waits before it is stored (at the next call)
+
+
+class ReportBuffer:
+    """Metrics reports of one trial: held while they come less than ``HOLD_S`` apart, then stored in
+    one transaction. ``flush`` (any thread) stores what is held; ``add(now=True)`` stores at once."""
+
+    def __init__(self, store: LocalStore, trial_id: int) -> None:
+        self._store, self._trial_id = store, trial_id
+        self._held: list[dict[str, Any]] = []
+        self._stored_at = -math.inf
+        self._lock = threading.Lock()  # the checkpoint writer thread flushes before recording
+
+    def add(self, report: dict[str, Any], *, now: bool = False) -> None:
+        """Hold ``report`` (``LocalStore.add_metrics_reports`` fields); store everything held when
+        ``now`` or when the last store was ``HOLD_S`` ago."""
+        with self._lock:
+            self._held.append(report)
+        if now or time.monotonic() - self._stored_at >= HOLD_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """Store the held reports (in the order they were reported); nothing to do when none is held."""
+        with self._lock:
+            held, self._held = self._held, []
+            if held:
+                self._store.add_metrics_reports(trial_id=self._trial_id, reports=held)
+            self._stored_at = time.monotonic()
+
+
+class DisplayFields:
+    """The trial's progress and status: the latest value is stored when ``HOLD_S`` passed since the
+    last write (checked at every call and report), when asked (``now``), and at close."""
+
+    def __init__(self, store: LocalStore, trial_id: int) -> None:
+        self._store, self._trial_id = store, trial_id
+        self._pending: dict[str, Any] = {}
+        self._written_at = -math.inf
+
+    def set(self, field: str, value: Any, *, now: bool = False) -> None:
+        """Hold ``value`` for ``field`` ("progress" or "status")."""
+        self._pending[field] = value
+        if now:
+            self.write()
+        else:
+            self.write_if_due()
+
+    def write_if_due(self) -> None:
+        """Write the held values if the last write was ``HOLD_S`` ago."""
+        if self._pending and time.monotonic() - self._written_at >= HOLD_S:
+            self.write()
+
+    def write(self) -> None:
+        """Write the held values now."""
+        pending, self._pending = self._pending, {}
+        if "progress" in pending:
+            self._store.set_trial_progress(self._trial_id, pending["progress"])
+        if "status" in pending:
+            self._store.set_trial_status(self._trial_id, pending["status"])
+        self._written_at = time.monotonic()

@@ -1,0 +1,182 @@
+"""The PyTorch adapter's "train n batches": a tight loop over runs of batches inside one epoch, and
+a batch-at-a-time loop for raw loaders (whose passes decide where epochs end)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from determined_trials.loop import HookRunner, TrialState
+from determined_trials.pytorch._data_stream import TrainingStream
+from determined_trials.pytorch._metrics import TrainingMetrics
+
+if TYPE_CHECKING:
+    from determined_trials.pytorch._context import PyTorchTrialContext
+    from determined_trials.pytorch._trial import PyTorchTrial
+
+__all__ = ["CPU", "BatchLoop", "cpu_tensors"]
+
+CPU = torch.device("cpu")
+
+
+class BatchLoop:
+    """Mixin of the PyTorch adapter: ``train`` and the epoch hooks around it."""
+
+    _trial: PyTorchTrial
+    _context: PyTorchTrialContext
+    _hooks: HookRunner
+    _stream: Any
+    _epoch_len: int | None
+    _current_epoch: int | None
+    _train_metrics: TrainingMetrics
+    _kept_batches: list[Any] | None
+
+    def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
+        if not isinstance(self._stream, TrainingStream):  # a raw loader: its epochs end when a pass does
+            self._train_raw_loader(num_batches, state, should_stop)
+            return
+        remaining = num_batches
+        while remaining > 0:
+            trained, stopped = self._train_run(remaining, state, should_stop)
+            remaining -= trained
+            if stopped:
+                return
+
+    def _train_run(self, limit: int, state: TrialState, should_stop: Callable[[], bool]) -> tuple[int, bool]:
+        """Train up to ``limit`` batches of the current epoch in one tight loop: (batches trained, stopped).
+
+        Per batch only what every batch needs runs: take the batch, set the position, ``train_batch``,
+        keep the loss on the device, the stop check. The rest (LR schedulers, function reducers, the AMP
+        scaler, gradient aggregation, the profiler, kept outputs) runs only when the trial uses it.
+        """
+        context, stream, metrics = self._context, self._stream, self._train_metrics
+        epoch_len = self._epoch_len
+        assert epoch_len
+        first = state.batches_trained
+        epoch_idx, in_epoch = divmod(first, epoch_len)
+        if in_epoch == 0:
+            self._open_epoch(epoch_idx, state)
+        elif self._current_epoch is None:  # resumed mid-epoch: it was opened before the stop
+            self._current_epoch = epoch_idx
+        count = min(limit, epoch_len - in_epoch)
+        sink = metrics.loss_sink() if self._kept_batches is None else None
+        losses = None if sink is None else sink[0]
+        count = min(count, sink[1]) if sink is not None else 1  # the first output sets the sink up
+        add = self._add_and_keep if self._kept_batches is not None else metrics.add
+        per_batch = self._needs_per_batch_steps()
+        move = context.to_device if context.experimental._auto_to_device else None
+        # on a CPU trial, a run whose first batch holds CPU tensors needs no move (to_device returns them)
+        check_first = move is not None and context.device == CPU
+        train_batch, iterator, tensor_type = self._trial.train_batch, stream.loader_iterator(), torch.Tensor
+        last_of_epoch = (epoch_idx + 1) * epoch_len - 1
+        context._epoch_len = epoch_len
+        preempt = getattr(should_stop, "local_preempt", None)
+        trained = kept = 0
+        stopped = False
+        try:
+            for batch_idx in range(first, first + count):
+                batch = next(iterator)
+                if per_batch:
+                    context._start_known_batch(batch_idx, epoch_len)
+                else:
+                    context._batch_idx = batch_idx
+                if check_first:
+                    check_first = False
+                    if cpu_tensors(batch):
+                        move = None
+                if move is not None:
+                    batch = move(batch)
+                output = train_batch(batch, epoch_idx, batch_idx)
+                if losses is not None and type(output) is tensor_type:
+                    losses.append(output.detach())
+                    kept += 1
+                else:
+                    add(output)
+                if per_batch:
+                    self._finish_batch(batch_idx, epoch_idx, batch_idx == last_of_epoch)
+                trained += 1
+                # one process: read the two flags here, call the check only when one is set
+                if (preempt is None or preempt.signalled or context._stop_requested) and should_stop():
+                    stopped = True
+                    break
+        finally:
+            stream.advance(trained)
+            state.batches_trained += trained
+            if kept:
+                metrics.count_losses(kept)
+        if first + trained - 1 == last_of_epoch:
+            self._close_epoch(state)
+        return trained, stopped
+
+    def _needs_per_batch_steps(self) -> bool:
+        """Whether each batch needs ``_start_known_batch``/``_finish_batch`` (else the position alone)."""
+        context = self._context
+        return bool(context.lr_schedulers or context.reducers.marks_batches or context._auto_scaler is not None
+                    or context._aggregation_frequency > 1 or context._profiler is not None)
+
+    def _finish_batch(self, batch_idx: int, epoch_idx: int, epoch_ended: bool) -> None:
+        """After a batch: the AMP scaler's update, function reducers, LR schedulers, the profiler's step."""
+        context = self._context
+        context._end_batch()
+        context.reducers.batch_end()
+        for scheduler in context.lr_schedulers:
+            scheduler.after_batch(batch_idx, context._optimizer_stepped_this_batch, epoch_ended, epoch_idx)
+        if context._profiler is not None:
+            context._profiler.step()
+
+    def _train_raw_loader(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
+        """``train`` over a raw loader's stream, one batch at a time (its passes decide the epochs)."""
+        context, trial, stream = self._context, self._trial, self._stream
+        epoch_len = self._epoch_len or 0
+        add_metrics = self._add_and_keep if self._kept_batches is not None else self._train_metrics.add
+        to_device = context.to_device if context.experimental._auto_to_device else None
+        for _ in range(num_batches):
+            batch = next(stream)
+            batch_idx, epoch_idx, in_epoch = state.batches_trained, stream.epoch_idx, stream.batch_in_epoch
+            if in_epoch == 0:
+                self._open_epoch(epoch_idx, state)
+            elif self._current_epoch is None:  # resumed mid-epoch: it was opened before the stop
+                self._current_epoch = epoch_idx
+            if epoch_len:
+                context._start_known_batch(batch_idx, epoch_len)
+            else:
+                context._start_batch(batch_idx, None, epoch_idx=epoch_idx, batch_in_epoch=in_epoch)
+            if to_device is not None and not (context.device == CPU and cpu_tensors(batch)):
+                batch = to_device(batch)
+            add_metrics(trial.train_batch(batch, epoch_idx, batch_idx))
+            epoch_ended = in_epoch + 1 == epoch_len
+            self._finish_batch(batch_idx, epoch_idx, epoch_ended)
+            state.batches_trained += 1
+            if epoch_ended:
+                self._close_epoch(state)
+            if should_stop():
+                break
+
+    def _open_epoch(self, epoch_idx: int, state: TrialState) -> None:
+        """Start an epoch; a raw loader's shorter-than-len pass is closed here, when the next begins."""
+        if self._current_epoch is not None:
+            self._close_epoch(state)
+        self._current_epoch = epoch_idx
+        self._hooks.call("on_training_epoch_start", epoch_idx)
+
+    def _close_epoch(self, state: TrialState) -> None:
+        epoch_idx, self._current_epoch = self._current_epoch, None
+        self._hooks.call("on_training_epoch_end", epoch_idx)
+        state.epochs_trained += 1
+
+    def _add_and_keep(self, output: Any) -> None:
+        self._train_metrics.add(output)
+        assert self._kept_batches is not None
+        self._kept_batches.append({"loss": output} if isinstance(output, torch.Tensor) else dict(output))
+
+
+def cpu_tensors(batch: Any) -> bool:
+    """Whether ``batch`` is a tuple or list of CPU tensors (what ``to_device`` returns unchanged on CPU)."""
+    if type(batch) is not tuple and type(batch) is not list:
+        return False
+    for item in batch:  # noqa: SIM110 - a plain loop: no generator object per batch
+        if not isinstance(item, torch.Tensor) or not item.is_cpu:
+            return False
+    return True
