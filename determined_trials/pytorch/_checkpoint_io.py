@@ -142,6 +142,16 @@ def write_load_data(path: Path, trial: Any, context: TrialContext, trial_type: s
 
 
 def _load_data_json(trial: Any, context: TrialContext, trial_type: str) -> str:
+    """The text of ``load_data.json``; made once per trial and context (the config and hyperparameters
+    do not change during a run), then reused by every checkpoint."""
+    key = (type(trial), trial_type)
+    cache: dict[tuple[type, str], str] = context.__dict__.setdefault("_load_data_text", {})
+    if key not in cache:
+        cache[key] = _render_load_data(trial, context, trial_type)
+    return cache[key]
+
+
+def _render_load_data(trial: Any, context: TrialContext, trial_type: str) -> str:
     load_data = {
         "trial_type": trial_type,
         "trial_cls_spec": f"{type(trial).__module__}:{type(trial).__qualname__}",
