@@ -1,6 +1,6 @@
 """How long ``Trainer.fit`` holds the training loop per checkpoint, against a plain ``torch.save``.
 
-Usage: python benchmarks/async_checkpoint.py [--rounds 7] [--batches 300] [--period 100] [--quick]
+Usage: python benchmarks/async_checkpoint.py [--rounds 7] [--batches 500] [--period 100] [--quick]
 
 A ~50 MB model (three 2048x2048 linear layers, float32) with SGD momentum (as much state again)
 is trained for ``--batches`` batches of 4 with a checkpoint every ``--period``. Blocked time is the
@@ -110,7 +110,7 @@ def main() -> None:
     """Run the rounds and print per-checkpoint blocking against a plain torch.save."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--batches", type=int, default=500)
     parser.add_argument("--period", type=int, default=100)
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 20 batches")
     args = parser.parse_args()

@@ -123,7 +123,7 @@ def test_tensorboard_training_events_are_flushed_at_most_once_a_second(
     flushed = events.stat().st_size
     fake.now += 0.5
     writer.add_scalars(2, [("loss", 0.5)])
-    assert events.stat().st_size == flushed  # held in the file's buffer
+    assert events.stat().st_size == flushed  # held, not written yet
     writer.add_scalars(2, [("val_loss", 0.4)], flush=True)  # a validation event: flushed with those before
     assert events.stat().st_size > flushed
     flushed = events.stat().st_size

@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["FLUSH_INTERVAL_S", "ScalarWriter", "tag_for"]
 
-FLUSH_INTERVAL_S = 1.0  # events reach the file at most this late (and at close)
+FLUSH_INTERVAL_S = 1.0  # training events reach the file at most this late (at the next event; and at close)
 
 
 def tag_for(group: str, key: str) -> str:
@@ -41,32 +41,37 @@ class ScalarWriter:
         self._file: Any = None
         self._writer: Any = None
         self._flushed_at = -math.inf
+        self._held: list[tuple[float, int, list[tuple[str, float]]]] = []
         _import_tensorboard()  # once, at start-up: ~0.2 s that must not land in the first report
 
     def add_scalars(self, step: int, scalars: list[tuple[str, float]], *, flush: bool = False) -> None:
-        """Write one event holding every (tag, value) at ``step``. The file is flushed with it when
-        ``flush`` or a second has passed since the last flush (frequent training reports share one),
-        and at ``flush()``/``close()``."""
+        """Add one event holding every (tag, value) at ``step``. Events are written and flushed
+        together: with this one when ``flush`` or a second has passed since the last flush (frequent
+        training reports share one write), and at ``flush()``/``close()``."""
         if not scalars:
             return
-        from tensorboard.compat.proto import event_pb2, summary_pb2
-
-        values = [summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in scalars]
         wall_time = time.time()
-        event = event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=values))
-        writer = self._record_writer()
-        writer.write(event.SerializeToString())
+        self._held.append((wall_time, step, scalars))
         if flush or wall_time - self._flushed_at >= FLUSH_INTERVAL_S:
             self.flush()
 
     def flush(self) -> None:
-        """Flush the events written so far to disk."""
-        if self._writer is not None:
-            self._writer.flush()
+        """Write the held events, in order, and flush the file."""
+        held, self._held = self._held, []
+        if held:
+            from tensorboard.compat.proto import event_pb2, summary_pb2
+
+            writer = self._record_writer()
+            for wall_time, step, scalars in held:
+                values = [summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in scalars]
+                event = event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=values))
+                writer.write(event.SerializeToString())
+            writer.flush()
         self._flushed_at = time.time()
 
     def close(self) -> None:
-        """Close the event file; idempotent."""
+        """Write what is held and close the event file; idempotent."""
+        self.flush()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
