@@ -50,6 +50,7 @@ class TrialContext:
         self._trial_id = int(trial_id)
         self._experiment_id = int(experiment_id)
         self._distributed = distributed
+        self._load_data_text: dict[tuple[type, str], str] = {}  # checkpoints' load_data.json, made once
 
     @classmethod
     def from_config(cls: type[_T], config: ConfigSource) -> _T:  # noqa: PYI019

@@ -28,7 +28,7 @@ class _FlagTrial(ResumeTrial):
             (self.flags / "at-batch").write_text("3")
             core = self.context._core
             assert core is not None
-            _wait(lambda: core.preempt._requested.is_set())
+            _wait(lambda: core.preempt.signalled)
             if self.hold:
                 (self.flags / "first-seen").write_text("1")
                 _wait(lambda: False)

@@ -52,8 +52,8 @@ class PreemptContext:
         self._dist = dist
         self._mode = mode
         self._signals = signals
-        self._requested = threading.Event()
-        #: True once a preemption was requested (a plain flag: what the training loop reads every batch)
+        #: True once a preemption was requested: a plain flag (setting a bool is atomic, so signal
+        #: handlers and other threads may set it), cheap enough for the training loop to read every batch
         self.signalled = False
         self._forwarded = False
         self._acknowledged = False
@@ -123,7 +123,6 @@ class PreemptContext:
 
     def _request(self) -> None:
         self.signalled = True
-        self._requested.set()
 
     def should_preempt(self, auto_ack: bool = True) -> bool:
         """True when the task should checkpoint and exit; cheap enough to call every batch."""
@@ -134,7 +133,7 @@ class PreemptContext:
         """(preempt, stop): the preemption decision and the chief's ``stop_requested``, agreed by all
         ranks in one collective (WorkersAskChief). The trial harness calls this once per batch."""
         if self._local_decision:  # one process (or WorkersAskMaster): no collective, just the flag
-            preempt, stop = self._requested.is_set(), stop_requested
+            preempt, stop = self.signalled, stop_requested
         elif not self._started:
             raise RuntimeError(
                 "PreemptContext is not started: call should_preempt() inside `with det.core.init() as ctx:`"
@@ -152,7 +151,7 @@ class PreemptContext:
     def _decide(self, stop_requested: bool) -> tuple[bool, bool]:
         size = self._dist.get_size()
         if size == 1 or self._mode is PreemptMode.WorkersAskMaster:
-            return self._requested.is_set(), stop_requested
+            return self.signalled, stop_requested
         is_chief = self._dist.get_rank() == 0
         if self._mode is PreemptMode.ChiefOnly:
             if not is_chief:
@@ -160,12 +159,12 @@ class PreemptContext:
                     "PreemptMode.ChiefOnly: only the chief (rank 0) may call should_preempt(); "
                     "use PreemptMode.WorkersAskChief to have every rank ask in step"
                 )
-            return self._requested.is_set() or self._dist._chief_poll_worker_signals(), stop_requested
+            return self.signalled or self._dist._chief_poll_worker_signals(), stop_requested
         if is_chief:
-            preempt = self._requested.is_set() or self._dist._chief_poll_worker_signals()
+            preempt = self.signalled or self._dist._chief_poll_worker_signals()
             decision = self._dist.broadcast((preempt, stop_requested))
         else:
-            if self._requested.is_set() and not self._forwarded:
+            if self.signalled and not self._forwarded:
                 self._forwarded = True
                 self._dist._worker_send_signal()
             decision = self._dist.broadcast(None)

@@ -299,29 +299,15 @@ class LocalStore(StoreReads):
         batch_metrics: list[dict[str, Any]] | None = None,
     ) -> None:
         """Append one metrics report for the trial (NaN and infinities are kept)."""
-        if not isinstance(group, str) or not group:
-            raise ValueError(f"a metrics group must be a non-empty string, got {group!r}")
-        if not isinstance(metrics, dict):
-            raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")
-        batch = None if batch_metrics is None else dumps(list(batch_metrics), f"{group} batch metrics")
-        self._insert(
-            ("trial", trial_id),
-            "INSERT INTO metrics (trial_id, grp, steps_completed, metrics, batch_metrics, reported_time) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (int(trial_id), group, _steps(steps_completed), dumps(metrics, f"{group} metrics"), batch, now()),
-        )
+        report = {"group": group, "steps_completed": steps_completed, "metrics": metrics,
+                  "batch_metrics": batch_metrics, "reported_time": now()}
+        self.add_metrics_reports(trial_id=trial_id, reports=[report])
 
     def add_metrics_reports(self, *, trial_id: int, reports: Sequence[dict[str, Any]]) -> None:
         """Append several reports of the trial in one transaction; each is ``add_metrics``' keyword
         arguments (``group``, ``steps_completed``, ``metrics``, optional ``batch_metrics``) plus
         ``reported_time``, the time it was reported."""
-        rows = []
-        for report in reports:
-            group, batches = report["group"], report.get("batch_metrics")
-            rows.append((int(trial_id), group, _steps(report["steps_completed"]),
-                         dumps(report["metrics"], f"{group} metrics"),
-                         None if batches is None else dumps(list(batches), f"{group} batch metrics"),
-                         float(report["reported_time"])))
+        rows = [_metrics_row(trial_id, report) for report in reports]
         with self._transaction() as conn:
             try:
                 conn.executemany(
@@ -397,6 +383,18 @@ def _checked_state(state: str, allowed: tuple[str, ...], kind: str) -> str:
     if text not in allowed:
         raise ValueError(f"unknown {kind} state {state!r}; use one of {', '.join(allowed)}")
     return text
+
+
+def _metrics_row(trial_id: int, report: dict[str, Any]) -> tuple[Any, ...]:
+    """One ``metrics`` row from a report (see ``LocalStore.add_metrics_reports``), its values checked."""
+    group, metrics, batches = report["group"], report["metrics"], report.get("batch_metrics")
+    if not isinstance(group, str) or not group:
+        raise ValueError(f"a metrics group must be a non-empty string, got {group!r}")
+    if not isinstance(metrics, dict):
+        raise TypeError(f"metrics must be a dict, got {type(metrics).__name__}")
+    batch = None if batches is None else dumps(list(batches), f"{group} batch metrics")
+    return (int(trial_id), group, _steps(report["steps_completed"]), dumps(metrics, f"{group} metrics"), batch,
+            float(report["reported_time"]))
 
 
 def _steps(steps_completed: int) -> int:

@@ -82,9 +82,9 @@ class TrainContext:
 
         Training reports less than a second apart are stored together, in one transaction: at the
         latest a second later (at the next report), and always before any other report, checkpoint
-        record, read of this process's store and exit. Only a kill -9 or a power loss in that second
-        can lose them (after the last checkpoint: a resume trains and reports those batches again).
-        """
+        record, the end of ``Trainer.fit`` and exit (``flush_reports`` stores them on demand). Only a
+        kill -9 or a power loss in that second can lose them (after the last checkpoint: a resume
+        trains and reports those batches again)."""
         self._report("training", steps_completed, metrics, batch_metrics)
 
     def report_validation_metrics(self, steps_completed: int, metrics: dict[str, Any]) -> None:

@@ -145,10 +145,9 @@ def _load_data_json(trial: Any, context: TrialContext, trial_type: str) -> str:
     """The text of ``load_data.json``; made once per trial and context (the config and hyperparameters
     do not change during a run), then reused by every checkpoint."""
     key = (type(trial), trial_type)
-    cache: dict[tuple[type, str], str] = context.__dict__.setdefault("_load_data_text", {})
-    if key not in cache:
-        cache[key] = _render_load_data(trial, context, trial_type)
-    return cache[key]
+    if key not in context._load_data_text:
+        context._load_data_text[key] = _render_load_data(trial, context, trial_type)
+    return context._load_data_text[key]
 
 
 def _render_load_data(trial: Any, context: TrialContext, trial_type: str) -> str:

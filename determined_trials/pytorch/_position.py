@@ -31,7 +31,7 @@ class TrainPosition:
         if epoch_len is not None:
             if epoch_len < 1:
                 raise ValueError(f"epoch_len must be >= 1 (batches per epoch), got {epoch_len}")
-            epoch_idx, batch_in_epoch = divmod(batch_idx, epoch_len)
+            epoch_idx = batch_in_epoch = None  # derived from batch_idx and epoch_len when asked
         self._batch_idx = batch_idx
         self._epoch_len = epoch_len
         self._epoch_idx = epoch_idx
