@@ -1,9 +1,11 @@
 """Trains pytorch_trials.ResumeTrial with a checkpoint every 2 batches until the test SIGKILLs it.
 
-Usage: _async_ckpt_kill_worker.py RUN_DIR write|record. The second checkpoint is held on the
-background writer thread: ``write`` after a partial ``state_dict.pth`` is written (prints
-``writing``), ``record`` after it is published but before the store records it (prints
-``published``). The training thread then waits for that write at the next checkpoint.
+Usage: _async_ckpt_kill_worker.py RUN_DIR write|record copy|write-now. The second checkpoint is held
+on the background writer thread: ``write`` before it is published (prints ``writing``: with ``copy``
+after a partial ``state_dict.pth`` is written, with ``write-now`` after the training thread wrote the
+files and before the writer publishes them), ``record`` after it is published but before the store
+records it (prints ``published``). The training thread then waits for that write at the next
+checkpoint.
 """
 
 import faulthandler
@@ -16,8 +18,10 @@ from typing import Any
 from pytorch_trials import ResumeTrial, config
 
 import determined_trials.pytorch._adapter as adapter_module
+import determined_trials.pytorch._experimental as experimental
 from determined_trials import pytorch
 from determined_trials.core._store import LocalStore
+from determined_trials.core.storage import DirectoryStorage
 
 _writes = {"n": 0}
 
@@ -32,8 +36,8 @@ def _hold(marker: str) -> None:
     threading.Event().wait()  # until SIGKILL
 
 
-def _patch(mode: str) -> None:
-    write, add = adapter_module.write_trial_state, LocalStore.add_checkpoint
+def _patch(mode: str, background: str) -> None:
+    write, add, commit = adapter_module.write_trial_state, LocalStore.add_checkpoint, DirectoryStorage.commit
 
     def slow_write(snapshot: dict[str, Any], path: Path) -> None:
         _writes["n"] += 1
@@ -42,6 +46,13 @@ def _patch(mode: str) -> None:
             _hold("writing")
         write(snapshot, path)
 
+    def slow_commit(self: DirectoryStorage, storage_id: str, metadata: dict[str, Any]) -> dict[str, int]:
+        if background == "write-now":
+            _writes["n"] += 1
+            if mode == "write" and _writes["n"] == 2:
+                _hold("writing")
+        return commit(self, storage_id, metadata)
+
     def slow_add(self: LocalStore, **kwargs: Any) -> None:
         if mode == "record" and not kwargs.get("pending") and _writes["n"] == 2:
             _hold("published")
@@ -49,12 +60,15 @@ def _patch(mode: str) -> None:
 
     adapter_module.write_trial_state = slow_write  # type: ignore[assignment]
     LocalStore.add_checkpoint = slow_add  # type: ignore[method-assign]
+    DirectoryStorage.commit = slow_commit  # type: ignore[method-assign]
+    if background == "copy":
+        experimental.SNAPSHOT_MIN_BYTES = 0
 
 
 def main() -> None:
-    run_dir, mode = Path(sys.argv[1]), sys.argv[2]
+    run_dir, mode, background = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     faulthandler.dump_traceback_later(150, exit=False)  # if the test waits long: where every thread is
-    _patch(mode)
+    _patch(mode, background)
     conf = config({"global_batch_size": 4, "lr": 0.01, "workers": 0, "hidden": 8})
     with pytorch.init(exp_conf=conf, run_dir=run_dir) as context:
         _say(json.dumps({"trial_id": context.get_trial_id()}))

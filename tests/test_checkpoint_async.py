@@ -1,6 +1,8 @@
-"""Asynchronous checkpoints of Trainer.fit: written off the training thread, exact resume, hook order,
-writer errors, a stop while a write is in flight; crash recovery of the commit order (pending rows,
-staging clean-up) with kill -9 of real processes; fsync of every file; GC of a plain script's fit."""
+"""Asynchronous checkpoints of Trainer.fit, both ways: a copied state serialised off the training thread
+("copy"), and a small state serialised at once with only the publish off it ("write-now"). Exact resume,
+hook order, writer errors, a stop while a write is in flight; crash recovery of the commit order
+(pending rows, staging clean-up) with kill -9 of real processes; fsync of every file; GC of a plain
+script's fit."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import torch
 from pytorch_trials import ResumeTrial, assert_same_state, config, fit, state_snapshot
 
 import determined_trials.pytorch._adapter as adapter_module
+import determined_trials.pytorch._checkpoint_io as checkpoint_io
+import determined_trials.pytorch._experimental as experimental
 from determined_trials import core, pytorch
 from determined_trials.core._checkpoint_recovery import recover_checkpoints
 from determined_trials.core.storage import DirectoryStorage
@@ -52,28 +56,55 @@ class HookedTrial(ResumeTrial):
         return {"uploads": Uploads(self, self.events)}
 
 
-@pytest.fixture
-def writer_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the threads that serialised each checkpoint."""
-    names: list[str] = []
-    write = adapter_module.write_trial_state
+BACKGROUND = ["copy", "write-now"]
 
-    def recording(snapshot: dict[str, Any], path: Path) -> None:
-        names.append(threading.current_thread().name)
-        write(snapshot, path)
 
-    monkeypatch.setattr(adapter_module, "write_trial_state", recording)
-    return names
+@pytest.fixture(params=BACKGROUND)
+def background(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with each background way: "copy" (threshold 0) or "write-now" (the default for
+    these small states)."""
+    if request.param == "copy":
+        monkeypatch.setattr(experimental, "SNAPSHOT_MIN_BYTES", 0)
+    else:
+        assert experimental.SNAPSHOT_MIN_BYTES > 10_000  # the test trial's state is far smaller
+    return str(request.param)
+
+
+def patch_background_step(monkeypatch: pytest.MonkeyPatch, mode: str, wrapper: Any) -> None:
+    """Wrap the step that runs on the writer thread: serialising the copy ("copy"), or publishing
+    ("write-now"); ``wrapper(original, *args)`` runs instead."""
+    if mode == "copy":
+        original = adapter_module.write_trial_state
+        monkeypatch.setattr(adapter_module, "write_trial_state", lambda *a: wrapper(original, *a))
+    else:
+        commit = DirectoryStorage.commit
+        monkeypatch.setattr(DirectoryStorage, "commit", lambda self, *a: wrapper(commit, self, *a))
 
 
 def test_async_checkpoints_are_written_in_the_background_and_resume_bitwise(
-    tmp_path: Path, writer_threads: list[str]
+    tmp_path: Path, background: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    serialised, background_steps = [], []
+    write = checkpoint_io.write_trial_state
+
+    def recording_write(snapshot: dict[str, Any], path: Path) -> None:
+        serialised.append(threading.current_thread().name)
+        write(snapshot, path)
+
+    monkeypatch.setattr(checkpoint_io, "write_trial_state", recording_write)
+    monkeypatch.setattr(adapter_module, "write_trial_state", recording_write)
+    patch_background_step(monkeypatch, background, lambda original, *a: (
+        background_steps.append(threading.current_thread().name), original(*a))[1])
     straight, _, _ = fit(ResumeTrial, CONF, tmp_path / "straight", **FIT)
+    serialised.clear()
+    background_steps.clear()
     first, trainer, info = fit(lambda c: ResumeTrial(c, stop_after=5), CONF, tmp_path / "resumed", **FIT)
     assert trainer.exit_reason is not None and trainer.exit_reason.value == "stopped"
     assert [c.steps_completed for c in info["checkpoints"]] == [4, 6]
-    assert writer_threads and all(n.startswith("det-checkpoint-writer") for n in writer_threads)
+    # batch 4's checkpoint went to the writer; the stop's (the last of the run) was written at once
+    assert background_steps[0].startswith("det-checkpoint-writer")
+    main = threading.main_thread().name
+    assert serialised == (["det-checkpoint-writer_0", main] if background == "copy" else [main, main])
     second, trainer, _ = fit(ResumeTrial, CONF, tmp_path / "resumed", latest_checkpoint=info["checkpoints"][-1].uuid,
                              **FIT)
     assert trainer.exit_reason is not None and trainer.exit_reason.value == "completed"
@@ -81,7 +112,7 @@ def test_async_checkpoints_are_written_in_the_background_and_resume_bitwise(
     assert_same_state(state_snapshot(second), state_snapshot(straight))
 
 
-def test_hooks_fire_once_per_checkpoint_in_order_on_the_training_thread(tmp_path: Path) -> None:
+def test_hooks_fire_once_per_checkpoint_in_order_on_the_training_thread(tmp_path: Path, background: str) -> None:
     trial, _, info = fit(HookedTrial, CONF, tmp_path, **FIT)
     uuids = [c.uuid for c in info["checkpoints"]]
     assert [c.steps_completed for c in info["checkpoints"]] == [4, 8, 12]
@@ -92,16 +123,18 @@ def test_hooks_fire_once_per_checkpoint_in_order_on_the_training_thread(tmp_path
     assert {e[2] for e in trial.events} == {threading.main_thread().name}
 
 
-def test_a_writer_error_surfaces_in_the_training_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    write, calls = adapter_module.write_trial_state, []
+def test_a_writer_error_surfaces_in_the_training_process(
+    tmp_path: Path, background: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
 
-    def failing(snapshot: dict[str, Any], path: Path) -> None:
-        calls.append(path)
+    def failing(original: Any, *args: Any) -> Any:
+        calls.append(1)
         if len(calls) == 2:
             raise OSError("disk full (injected)")
-        write(snapshot, path)
+        return original(*args)
 
-    monkeypatch.setattr(adapter_module, "write_trial_state", failing)
+    patch_background_step(monkeypatch, background, failing)
     with pytest.raises(OSError, match="disk full"):
         fit(ResumeTrial, CONF, tmp_path, **FIT)
     store = core.LocalStore(tmp_path)
@@ -110,14 +143,16 @@ def test_a_writer_error_surfaces_in_the_training_process(tmp_path: Path, monkeyp
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".staging-")]
 
 
-def test_a_stop_while_a_write_is_in_flight_waits_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    entered, release, write = threading.Event(), threading.Event(), adapter_module.write_trial_state
+def test_a_stop_while_a_write_is_in_flight_waits_for_it(
+    tmp_path: Path, background: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered, release = threading.Event(), threading.Event()
 
-    def held(snapshot: dict[str, Any], path: Path) -> None:
+    def held(original: Any, *args: Any) -> Any:
         if not release.is_set():
             entered.set()
             assert release.wait(120), "the training thread never released the write"
-        write(snapshot, path)
+        return original(*args)
 
     class StopDuringWrite(HookedTrial):
         def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
@@ -129,11 +164,29 @@ def test_a_stop_while_a_write_is_in_flight_waits_for_it(tmp_path: Path, monkeypa
                 release.set()
             return loss
 
-    monkeypatch.setattr(adapter_module, "write_trial_state", held)
+    patch_background_step(monkeypatch, background, held)
     trial, trainer, info = fit(StopDuringWrite, CONF, tmp_path, **FIT)
     assert trainer.exit_reason is not None and trainer.exit_reason.value == "stopped"
     assert [c.steps_completed for c in info["checkpoints"]] == [4, 6]
     assert [e[1] for e in trial.events if e[0] == "upload_end"] == [c.uuid for c in info["checkpoints"]]
+
+
+def test_the_background_way_follows_the_state_size(tmp_path: Path) -> None:
+    with pytorch.init(exp_conf=CONF, run_dir=tmp_path) as context:
+        trial = ResumeTrial(context)
+        adapter = adapter_module.PyTorchAdapter(trial, context, pytorch_hooks({}))
+        size = checkpoint_io.state_nbytes(context)
+        params = sum(p.numel() * p.element_size() for p in trial.model.parameters())
+        assert size >= params > 0
+        assert not adapter.wants_snapshot()  # far below the default 4 MiB: serialised at once
+        context.experimental.set_checkpoint_snapshot_threshold(size)
+        assert adapter.wants_snapshot()
+        context.experimental.set_checkpoint_snapshot_threshold(size + 1)
+        assert not adapter.wants_snapshot()
+        context.experimental.set_checkpoint_snapshot_threshold(0)
+        assert adapter.wants_snapshot()
+        with pytest.raises(ValueError, match="min_bytes must be an int >= 0"):
+            context.experimental.set_checkpoint_snapshot_threshold(-1)
 
 
 def test_async_is_off_for_write_end_callbacks_sharded_savers_and_when_disabled(tmp_path: Path) -> None:
@@ -164,12 +217,12 @@ def pytorch_hooks(callbacks: dict[str, Any]) -> Any:
 # -- crash recovery: kill -9 of a real process ---------------------------------------------------
 
 
-def _run_until(run_dir: Path, mode: str, marker: str) -> int:
+def _run_until(run_dir: Path, mode: str, marker: str, background: str) -> int:
     """Start the kill worker, wait for ``marker`` on its stdout, SIGKILL it; return its trial id."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     err_path = run_dir / "worker.err"
     with open(err_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, str(KILL_WORKER), str(run_dir), mode], stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, str(KILL_WORKER), str(run_dir), mode, background], stdout=subprocess.PIPE,
                                 stderr=err, text=True, env=env)
     timer = threading.Timer(240, proc.kill)  # a hung worker fails the test instead of hanging it
     timer.start()
@@ -197,8 +250,9 @@ def _run_until(run_dir: Path, mode: str, marker: str) -> int:
 
 
 @pytest.mark.slow
-def test_a_kill_during_a_background_write_leaves_the_previous_checkpoint_latest(tmp_path: Path) -> None:
-    trial_id = _run_until(tmp_path, "write", "writing")
+@pytest.mark.parametrize("background", BACKGROUND)
+def test_a_kill_during_a_background_write_leaves_the_previous_checkpoint_latest(tmp_path: Path, background: str) -> None:
+    trial_id = _run_until(tmp_path, "write", "writing", background)
     store, storage = core.LocalStore(tmp_path), DirectoryStorage(tmp_path / "checkpoints")
     latest = store.latest_checkpoint(trial_id)
     assert latest is not None and latest.steps_completed == 2
@@ -213,8 +267,9 @@ def test_a_kill_during_a_background_write_leaves_the_previous_checkpoint_latest(
 
 
 @pytest.mark.slow
-def test_a_kill_between_publish_and_record_is_recovered_at_start(tmp_path: Path) -> None:
-    trial_id = _run_until(tmp_path, "record", "published")
+@pytest.mark.parametrize("background", BACKGROUND)
+def test_a_kill_between_publish_and_record_is_recovered_at_start(tmp_path: Path, background: str) -> None:
+    trial_id = _run_until(tmp_path, "record", "published", background)
     store, storage = core.LocalStore(tmp_path), DirectoryStorage(tmp_path / "checkpoints")
     (published,) = store.pending_checkpoints(trial_id)
     assert storage.exists(published) and storage.read_metadata(published)["steps_completed"] == 4

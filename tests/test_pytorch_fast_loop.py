@@ -11,6 +11,7 @@ import pytest
 import torch
 from pytorch_trials import LINEAR_XS, LinearTrial, config, fit
 
+import determined_trials as det
 from determined_trials import pytorch
 from determined_trials.loop import ExitReason
 from determined_trials.pytorch._metrics import TrainingMetrics
@@ -105,3 +106,41 @@ def test_a_stop_request_ends_the_run_after_that_batch(tmp_path: Path) -> None:
     assert trainer.exit_reason is ExitReason.STOPPED
     assert [c.steps_completed for c in info["checkpoints"]] == [6]
     assert [m.steps_completed for m in info["training"]] == [6]
+
+
+class _MixedOutputs(LinearTrial):
+    """Returns the loss as a tensor, except every third batch as {"loss": tensor}."""
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        loss = super().train_batch(batch, epoch_idx, batch_idx)
+        return {"loss": loss} if batch_idx % 3 == 2 else loss
+
+
+def test_tensor_and_dict_losses_in_one_run_are_all_reduced(tmp_path: Path) -> None:
+    trial, _, info = fit(_MixedOutputs, config({"global_batch_size": 1}), tmp_path, max_length=pytorch.Batch(10),
+                         reporting_period=pytorch.Batch(5))
+    losses = [entry["loss"] for entry in trial.log]
+    reported = [m.metrics["loss"] for m in info["training"]]
+    assert [m.steps_completed for m in info["training"]] == [5, 10]
+    assert reported == pytest.approx([sum(losses[:5]) / 5, sum(losses[5:]) / 5], rel=1e-6)
+
+
+class _FailsAt(LinearTrial):
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        if batch_idx == 6:
+            raise RuntimeError("boom at batch 6")
+        return super().train_batch(batch, epoch_idx, batch_idx)
+
+
+def test_an_error_inside_a_run_propagates_and_keeps_the_reports_before_it(tmp_path: Path) -> None:
+    trial_id = None
+    with pytest.raises(RuntimeError, match="boom at batch 6"), \
+            pytorch.init(exp_conf=config({"global_batch_size": 1}), run_dir=tmp_path) as context:
+        trial_id = context.get_trial_id()
+        trial = _FailsAt(context)
+        pytorch.Trainer(trial, context).fit(max_length=pytorch.Batch(10), reporting_period=pytorch.Batch(4),
+                                            show_progress=False)
+    assert [e[1] for e in trial.events if e[0] == "batch"] == list(range(6))  # batch 6 raised; nothing after it
+    assert context.current_train_batch() == 6  # the position names the batch that failed
+    metrics = det.core.LocalStore(tmp_path).metrics(trial_id, group="training")
+    assert [m.steps_completed for m in metrics] == [4]  # the report before the failing batch is stored

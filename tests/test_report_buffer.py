@@ -1,7 +1,8 @@
-"""Issue 12: reports off the training path without losing them. Training reports less than a second
-apart are stored together (one transaction), always before any other report, checkpoint record or
-exit; progress and status are stored at most once a second and at close; TensorBoard training events
-are flushed at most once a second, validation events at once. The clock is faked: no sleeps."""
+"""Issue 12: reports off the training path without losing them. Reports (training and validation)
+less than a second apart are stored together (one transaction), in the order they were made, always
+before a checkpoint record, a read of the experiment's best validation, or exit; progress and status
+are stored at most once a second and at close; TensorBoard events are flushed at most once a second
+(and when asked). The clock is faked: no sleeps."""
 
 from __future__ import annotations
 
@@ -69,21 +70,30 @@ def test_training_reports_within_a_second_are_stored_together_a_second_later(tmp
     assert times == sorted(times)  # each keeps the time it was reported
 
 
-def test_other_reports_and_checkpoints_store_held_training_reports_first(tmp_path: Path, clock: _Clock) -> None:
+def test_validation_reports_are_held_in_order_and_checkpoints_store_them_first(tmp_path: Path, clock: _Clock) -> None:
     with det.core.init(config=CONFIG, run_dir=tmp_path) as ctx:
         trial_id = ctx.info.trial.trial_id
-        ctx.train.report_training_metrics(1, {"loss": 1.0})
+        ctx.train.report_training_metrics(1, {"loss": 1.0})  # the first is stored at once
         ctx.train.report_training_metrics(2, {"loss": 0.9})
-        ctx.train.report_validation_metrics(2, {"val_loss": 0.5})  # stored at once, after the held one
-        assert _stored(tmp_path, trial_id) == [1, 2]
-        assert _stored(tmp_path, trial_id, "validation") == [2]
-        ids = {(m.group, m.steps_completed): m.id for m in det.core.LocalStore(tmp_path).metrics(trial_id)}
-        assert ids[("training", 2)] < ids[("validation", 2)]
+        ctx.train.report_validation_metrics(2, {"val_loss": 0.5})
+        assert _stored(tmp_path, trial_id) == [1] and _stored(tmp_path, trial_id, "validation") == []  # held
         ctx.train.report_training_metrics(3, {"loss": 0.8})
         with ctx.checkpoint.store_path({"steps_completed": 3}) as (path, _):
             (path / "weights").write_text("w")
-            assert _stored(tmp_path, trial_id) == [1, 2, 3]  # before the (pending) checkpoint row
+            # stored before the (pending) checkpoint row, in the order they were reported
+            assert _stored(tmp_path, trial_id) == [1, 2, 3]
+            assert _stored(tmp_path, trial_id, "validation") == [2]
+        ids = {(m.group, m.steps_completed): m.id for m in det.core.LocalStore(tmp_path).metrics(trial_id)}
+        assert ids[("training", 2)] < ids[("validation", 2)] < ids[("training", 3)]
         assert [c.steps_completed for c in det.core.LocalStore(tmp_path).checkpoints(trial_id=trial_id)] == [3]
+
+
+def test_reading_the_best_validation_counts_the_held_ones(tmp_path: Path, clock: _Clock) -> None:
+    with det.core.init(config=CONFIG, run_dir=tmp_path) as ctx:
+        ctx.train.report_training_metrics(1, {"loss": 1.0})
+        ctx.train.report_validation_metrics(1, {"val_loss": 0.5})
+        ctx.train.report_validation_metrics(2, {"val_loss": 0.25})  # held
+        assert ctx.train.get_experiment_best_validation() == 0.25
 
 
 def test_an_error_in_the_with_block_still_stores_held_reports(tmp_path: Path, clock: _Clock) -> None:
@@ -124,7 +134,7 @@ def test_tensorboard_training_events_are_flushed_at_most_once_a_second(
     fake.now += 0.5
     writer.add_scalars(2, [("loss", 0.5)])
     assert events.stat().st_size == flushed  # held, not written yet
-    writer.add_scalars(2, [("val_loss", 0.4)], flush=True)  # a validation event: flushed with those before
+    writer.add_scalars(2, [("val_loss", 0.4)], flush=True)  # asked to flush: written with those before
     assert events.stat().st_size > flushed
     flushed = events.stat().st_size
     fake.now += 1.0

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from determined_trials.core._staged import StagedCheckpoint
 from determined_trials.core.storage import METADATA_FILE, Selector, StorageManager
 from determined_trials.core.storage._base import list_local_files
 
@@ -65,7 +66,8 @@ class _LoggingRecorder:
 class CheckpointContext:
     """Saves and loads checkpoints in a StorageManager; a checkpoint is visible only once complete.
 
-    ``metadata`` must hold ``steps_completed``; it is stored as ``metadata.json``, written last.
+    ``metadata`` must hold ``steps_completed``; it is stored as ``metadata.json``, the mark of a
+    complete checkpoint (directory storage publishes by renaming the fsynced folder; S3 uploads it last).
     With ``shard=False`` only the chief saves; with ``shard=True`` every rank calls (a
     synchronisation point) and the checkpoint is the union of the ranks' files.
     """
@@ -114,19 +116,13 @@ class CheckpointContext:
         """
         rank = self._dist.get_rank()
         if not shard:
-            self._require_chief("store_path")
-            md = _check_metadata(metadata)
-            storage_id = str(uuid.uuid4())
-            self._pending(storage_id, md)
-            path = self._storage.stage_dir(storage_id, 0)
+            staged = self.stage(metadata)
             try:
-                yield path, storage_id
+                yield staged.path, staged.storage_id
             except BaseException:
-                self._storage.release(storage_id, 0)
-                self._storage.abort(storage_id)
-                self._dropped(storage_id)
+                staged.abort()
                 raise
-            self._save_single(storage_id, md, lambda: self._put(storage_id, path, _checkpoint_files(path, None)))
+            staged.publish()
             return
         storage_id = self._broadcast_id(metadata)
         path = self._storage.stage_dir(storage_id, rank)
@@ -141,6 +137,33 @@ class CheckpointContext:
             raise
         plan = _attempt(lambda: {"files": _checkpoint_files(path, None), "metadata": _jsonable(metadata)})
         self._save_sharded(storage_id, path, plan)
+
+    def stage(self, metadata: dict[str, Any] | None) -> StagedCheckpoint:
+        """Chief only: ``store_path`` in two steps. Write the checkpoint's files into the returned
+        ``path``, then ``publish()`` it (possibly on another thread) or ``abort()``."""
+        self._require_chief("store_path")
+        md = _check_metadata(metadata)
+        storage_id = str(uuid.uuid4())
+        self._pending(storage_id, md)
+        path = self._storage.stage_dir(storage_id, 0)
+
+        def abort() -> None:
+            self._storage.release(storage_id, 0)
+            self._storage.abort(storage_id)
+            self._dropped(storage_id)
+
+        def publish() -> None:
+            self._save_single(storage_id, md, lambda: self._stage_written(storage_id, path))
+
+        return StagedCheckpoint(path, storage_id, publish, abort)
+
+    def _stage_written(self, storage_id: str, path: Path) -> None:
+        """Stage what the ``store_path`` block wrote into ``path`` (nothing to copy when it was written
+        into the storage's own staging folder; its metadata.json is replaced at commit either way)."""
+        if not self._storage.stages_in_place:
+            self._put(storage_id, path, _checkpoint_files(path, None))
+        elif (path / METADATA_FILE).exists():
+            logger.warning("%s in %s is replaced by the checkpoint's own metadata", METADATA_FILE, path)
 
     def _put(self, storage_id: str, src: Path | None, files: dict[str, int]) -> None:
         if src is not None and files:
@@ -158,7 +181,7 @@ class CheckpointContext:
             dropped(storage_id)
 
     def _save_single(self, storage_id: str, metadata: dict[str, Any], stage: Callable[[], None]) -> None:
-        """Chief-only save: stage, commit (metadata.json last), record; abort on any failure."""
+        """Chief-only save: stage, commit (publish complete or not at all), record; abort on any failure."""
         try:
             stage()
             resources = self._storage.commit(storage_id, metadata)

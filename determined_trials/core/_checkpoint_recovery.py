@@ -1,8 +1,9 @@
 """Settle what a killed checkpoint writer left: pending store rows and staging folders.
 
-A checkpoint is recorded PENDING before anything is staged, published (metadata.json last, one
-rename), then recorded COMPLETED. After a crash, a pending checkpoint that was published is
-recorded complete; one that was not is removed with its staging files.
+A checkpoint is recorded PENDING before anything is staged, published (every file fsynced, then one
+rename; S3: metadata.json uploaded last), then recorded COMPLETED. After a crash, a pending
+checkpoint that was published is recorded complete; one that was not is removed with its staging
+files.
 """
 
 from __future__ import annotations

@@ -80,15 +80,15 @@ class TrainContext:
     ) -> None:
         """Report training metrics at ``steps_completed`` (usually batches trained so far).
 
-        Training reports less than a second apart are stored together, in one transaction: at the
-        latest a second later (at the next report), and always before any other report, checkpoint
-        record, the end of ``Trainer.fit`` and exit (``flush_reports`` stores them on demand). Only a
-        kill -9 or a power loss in that second can lose them (after the last checkpoint: a resume
-        trains and reports those batches again)."""
+        Reports less than a second apart (of every group) are stored together, in one transaction:
+        at the latest a second later (at the next report), and always before a checkpoint is
+        recorded, before the experiment's best validation is read, at the end of ``Trainer.fit`` and
+        at exit (``flush_reports`` stores them on demand). Only a kill -9 or a power loss in that
+        second can lose them (after the last checkpoint: a resume trains and reports them again)."""
         self._report("training", steps_completed, metrics, batch_metrics)
 
     def report_validation_metrics(self, steps_completed: int, metrics: dict[str, Any]) -> None:
-        """Report validation metrics at ``steps_completed``."""
+        """Report validation metrics at ``steps_completed`` (stored as training reports are)."""
         self._report("validation", steps_completed, metrics, None)
 
     def report_metrics(self, group: str, steps_completed: int, metrics: dict[str, Any]) -> None:
@@ -154,12 +154,13 @@ class TrainContext:
         """The best value of the searcher metric reported so far by any trial of the experiment."""
         if self._searcher_metric is None:
             return None
+        self._reports.flush()  # this trial's held validations count too
         return self._store.best_validation(
             self._experiment_id, self._searcher_metric, self._smaller_is_better
         )
 
     def flush_reports(self) -> None:
-        """Store the training reports still held back (see ``report_training_metrics``)."""
+        """Store the reports still held back (see ``report_training_metrics``)."""
         self._reports.flush()
 
     def close(self) -> None:
@@ -189,10 +190,10 @@ class TrainContext:
         self._check_no_overlap(group, steps, converted)
         self._warn_non_finite(group, steps, converted)
         self._reports.add({"group": group, "steps_completed": steps, "metrics": converted,
-                           "batch_metrics": batches, "reported_time": time.time()}, now=group != "training")
+                           "batch_metrics": batches, "reported_time": time.time()})
         if self._tb_writer is not None:
             scalars = [(tag_for(group, key), value) for key, value in scalar_items(converted)]
-            self._tb_writer.add_scalars(steps, scalars, flush=group != "training")
+            self._tb_writer.add_scalars(steps, scalars)
         self._display.write_if_due()
         logger.debug("reported %s metrics at step %d: %s", group, steps, converted)
 

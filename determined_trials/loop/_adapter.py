@@ -36,7 +36,9 @@ class TrialAdapter(Protocol):
     #: Optional asynchronous checkpoints (read with ``getattr``; used only without ``sharded_save``):
     #: ``async_save`` (bool, the same on every rank), ``snapshot() -> Any`` (chief, training thread:
     #: a host-memory copy of what ``save`` writes, so training may go on) and
-    #: ``write_snapshot(snapshot, path)`` (chief, the loop's writer thread: write it into ``path``).
+    #: ``write_snapshot(snapshot, path)`` (chief, the loop's writer thread: write it into ``path``) and
+    #: ``wants_snapshot() -> bool`` (chief: False when the state is small enough that ``save`` on the
+    #: training thread, with only the publish in the background, costs less than a copy).
     # async_save: bool
 
     def load(self, path: Path) -> None:

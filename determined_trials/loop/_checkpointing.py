@@ -1,5 +1,7 @@
-"""The loop's checkpoint step: synchronous, or a host-memory snapshot taken on the training thread
-and written by one background writer (serialise, fsync, publish, record) while training goes on.
+"""The loop's checkpoint step: synchronous, or in the background while training goes on: a large
+state as a host-memory snapshot taken on the training thread and written by one background writer
+(serialise, fsync, publish, record); a small one serialised on the training thread and only fsynced,
+published and recorded by the writer.
 
 At most one write is in flight: the next checkpoint, a stop, preemption and the end of ``run``
 wait for it. ``on_checkpoint_upload_end`` fires on the training thread when a write is collected,
@@ -60,8 +62,7 @@ class Checkpointer:
         trial_state = json.dumps(state.state_dict(), indent=1)
         if uses_async_save(self._adapter) and not final:
             if self._is_chief:
-                snapshot = self._adapter.snapshot()  # type: ignore[attr-defined]
-                self._future = self._writer().submit(self._write, metadata, trial_state, snapshot)
+                self._future = self._start_background_save(metadata, trial_state)
             self._in_flight = True
             return
         storage_id = None
@@ -126,6 +127,22 @@ class Checkpointer:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="det-checkpoint-writer")
         return self._executor
+
+    def _start_background_save(self, metadata: dict[str, Any], trial_state: str) -> concurrent.futures.Future[str]:
+        """A large state: snapshot it and let the writer serialise, publish and record it. A small one:
+        serialise it now (a copy and a hand-off would cost more) and let the writer fsync, publish and
+        record it."""
+        if self._adapter.wants_snapshot():  # type: ignore[attr-defined]
+            snapshot = self._adapter.snapshot()  # type: ignore[attr-defined]
+            return self._writer().submit(self._write, metadata, trial_state, snapshot)
+        staged = self._core.checkpoint.stage(metadata)
+        try:
+            (staged.path / TRIAL_STATE_FILE).write_text(trial_state)
+            self._adapter.save(staged.path)
+        except BaseException:
+            staged.abort()
+            raise
+        return self._writer().submit(staged.publish)
 
     def _write(self, metadata: dict[str, Any], trial_state: str, snapshot: Any) -> str:
         """On the writer thread: serialise the snapshot, then publish and record it (fsynced by storage)."""

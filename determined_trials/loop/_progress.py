@@ -66,7 +66,8 @@ class Progress:
         if self._bar is not None:
             self._bar.write(line)
         else:
-            print(line, flush=True)
+            sys.stdout.write(line + "\n")  # one write (print writes the newline apart when unbuffered)
+            sys.stdout.flush()
 
     def close(self) -> None:
         """Close the bar; idempotent."""

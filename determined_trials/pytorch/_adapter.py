@@ -20,6 +20,7 @@ from determined_trials.pytorch._checkpoint_io import (
     load_trial_state,
     save_trial_state,
     snapshot_trial_state,
+    state_nbytes,
     write_trial_state,
 )
 from determined_trials.pytorch._context import PyTorchTrialContext
@@ -137,6 +138,12 @@ class PyTorchAdapter(BatchLoop):
             return False
         callbacks = self._hooks.callbacks.values()
         return not any(overrides_hook(callbacks, hook) for hook in ("on_checkpoint_write_end", "on_checkpoint_end"))
+
+    def wants_snapshot(self) -> bool:
+        """Whether the state is large enough to copy and serialise in the background (see
+        ``context.experimental.set_checkpoint_snapshot_threshold``)."""
+        threshold = self._context.experimental._snapshot_min_bytes
+        return threshold == 0 or state_nbytes(self._context) >= threshold
 
     def snapshot(self) -> dict[str, Any]:
         """On the training thread: a host-memory copy of everything ``save`` writes (the loop calls it

@@ -9,6 +9,7 @@ rebuild the trial.
 from __future__ import annotations
 
 import copy as _copy
+import itertools
 import json
 import pickle
 import random
@@ -48,7 +49,8 @@ def capture_rng() -> dict[str, Any]:
     version, words, gauss = random.getstate()
     np_state = np.random.get_state(legacy=False)
     state: dict[str, Any] = {
-        "random_rng_state": {"version": version, "words": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
+        "random_rng_state": {"version": version, "words": torch.from_numpy(np.array(words, dtype=np.int64)),
+                             "gauss": gauss},
         "np_rng_state": {
             "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
             "pos": int(np_state["state"]["pos"]),
@@ -110,6 +112,20 @@ def _restore_pending_gradients(saved: list[list[torch.Tensor | None]], models: l
     for model, grads in zip(models, saved):
         for param, grad in zip(_inner(model).parameters(), grads):
             param.grad = None if grad is None else grad.to(param.device)
+
+
+def state_nbytes(context: PyTorchTrialContext) -> int:
+    """Bytes of the tensors a checkpoint holds: models' parameters and buffers, optimizer state."""
+    total = 0
+    for model in context.models:
+        for tensor in itertools.chain(model.parameters(), model.buffers()):
+            total += tensor.numel() * tensor.element_size()
+    for optimizer in context.optimizers:
+        for param_state in optimizer.state.values():
+            for value in param_state.values():
+                if isinstance(value, torch.Tensor):
+                    total += value.numel() * value.element_size()
+    return total
 
 
 def snapshot_trial_state(trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner,

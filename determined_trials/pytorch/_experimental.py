@@ -10,7 +10,9 @@ if TYPE_CHECKING:
 
     from determined_trials.pytorch._context import PyTorchTrialContext
 
-__all__ = ["PyTorchExperimentalContext"]
+__all__ = ["SNAPSHOT_MIN_BYTES", "PyTorchExperimentalContext"]
+
+SNAPSHOT_MIN_BYTES = 4 << 20  # states this large are copied and serialised off the training thread
 
 
 class PyTorchExperimentalContext:
@@ -21,6 +23,7 @@ class PyTorchExperimentalContext:
         self._auto_to_device = True
         self._dataset_checks = True
         self._async_checkpoints = True
+        self._snapshot_min_bytes = SNAPSHOT_MIN_BYTES
 
     def use_amp(self, dtype: torch.dtype | None = None) -> None:
         """Automatic mixed precision for every wrapped model, from now on.
@@ -44,6 +47,15 @@ class PyTorchExperimentalContext:
         """Write checkpoints on the training thread (by default a host-memory copy of the state is
         taken and a background thread serialises, fsyncs, publishes and records it)."""
         self._async_checkpoints = False
+
+    def set_checkpoint_snapshot_threshold(self, min_bytes: int) -> None:
+        """How background checkpoints handle the state: one of at least `min_bytes` (models, optimizer
+        state and the rest; default 4 MiB) is copied into host memory and serialised by the background
+        writer; a smaller one is serialised at once on the training thread (a copy and a hand-off would
+        cost more) and only fsynced, published and recorded in the background. 0: always copy."""
+        if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
+            raise ValueError(f"min_bytes must be an int >= 0, got {min_bytes!r}")
+        self._snapshot_min_bytes = min_bytes
 
     def disable_auto_to_device(self) -> None:
         """Hand batches to `train_batch`/`evaluate_batch` as loaded (call `to_device` yourself)."""

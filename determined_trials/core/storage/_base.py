@@ -41,7 +41,7 @@ class CheckpointNotFoundError(FileNotFoundError):
     def __init__(self, storage_id: str, where: str) -> None:
         super().__init__(
             f"checkpoint {storage_id!r} not found in {where}: it does not exist, was deleted, or is "
-            f"incomplete (its {METADATA_FILE} is written last, so a checkpoint whose writer crashed "
+            f"incomplete (a checkpoint becomes visible only once complete, so one whose writer crashed "
             f"is invisible); check the storage id against the checkpoints listed for this run"
         )
         self.storage_id = storage_id
@@ -95,7 +95,8 @@ def dump_metadata(metadata: dict[str, Any]) -> bytes:
 
 
 class StorageManager(abc.ABC):
-    """Where checkpoints live: one folder (or key prefix) per storage id, ``metadata.json`` written last.
+    """Where checkpoints live: one folder (or key prefix) per storage id, ``metadata.json`` its mark of
+    completeness.
 
     Writing is two-phase so that a checkpoint becomes visible only when complete: each rank stages its
     files (``stage_dir`` + ``put``), then the chief ``commit``s (merge, write metadata.json, publish)
@@ -104,6 +105,10 @@ class StorageManager(abc.ABC):
 
     direct_access: bool = False
     """True when stored checkpoints are local folders that restore can hand out without copying."""
+
+    stages_in_place: bool = False
+    """True when the folder ``stage_dir`` returns is what ``commit`` publishes: files written there need
+    no ``put`` (which would only remove the files it is not given)."""
 
     # -- writing -----------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -120,7 +125,8 @@ class StorageManager(abc.ABC):
 
     @abc.abstractmethod
     def commit(self, storage_id: str, metadata: dict[str, Any]) -> dict[str, int]:
-        """Chief only: merge the staged parts, write metadata.json last, publish; return resources."""
+        """Chief only: merge the staged parts, write metadata.json, publish (metadata.json visible last);
+        return resources."""
 
     @abc.abstractmethod
     def abort(self, storage_id: str) -> None:
