@@ -44,8 +44,8 @@ class PyTorchExperimentalContext:
         self._dataset_checks = False
 
     def disable_async_checkpoints(self) -> None:
-        """Write checkpoints on the training thread (by default a host-memory copy of the state is
-        taken and a background thread serialises, fsyncs, publishes and records it)."""
+        """Write checkpoints on the training thread (by default a background thread fsyncs, publishes
+        and records them; see `set_checkpoint_snapshot_threshold` for who serialises the state)."""
         self._async_checkpoints = False
 
     def set_checkpoint_snapshot_threshold(self, min_bytes: int) -> None:
