@@ -1,8 +1,8 @@
 """Issue 12: reports off the training path without losing them. Reports (training and validation)
 less than a second apart are stored together (one transaction), in the order they were made, always
-before a checkpoint record, a read of the experiment's best validation, or exit; progress and status
-are stored at most once a second and at close; TensorBoard events are flushed at most once a second
-(and when asked). The clock is faked: no sleeps."""
+before a checkpoint record, a read of the experiment's best validation, a completed searcher
+operation, or exit; progress and status are stored at most once a second and at close; TensorBoard
+events are flushed at most once a second (and when asked). The clock is faked: no sleeps."""
 
 from __future__ import annotations
 
@@ -175,3 +175,21 @@ def test_a_failing_fit_keeps_the_reports_made_before_the_failure(tmp_path: Path,
     assert _stored(tmp_path, trial_id) == [1, 2, 3, 4]
     assert torch.isfinite(torch.tensor(
         [m.metrics["loss"] for m in det.core.LocalStore(tmp_path).metrics(trial_id, group="training")])).all()
+
+
+def test_a_completed_searcher_operation_is_recorded_after_the_validation_it_names(
+        tmp_path: Path, clock: _Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[int]] = []
+    record = det.core.LocalStore.record_searcher_op
+
+    def recording(self: det.core.LocalStore, trial_id: int, length: int, metric: Any, completed: bool) -> None:
+        if completed:
+            seen.append(_stored(tmp_path, trial_id, "validation"))  # what the store holds at that moment
+        record(self, trial_id, length, metric, completed)
+
+    monkeypatch.setattr(det.core.LocalStore, "record_searcher_op", recording)
+    with pytorch.init(exp_conf=config({"global_batch_size": 1}), run_dir=tmp_path) as context:
+        trial = LinearTrial(context)
+        pytorch.Trainer(trial, context).fit(max_length=None, reporting_period=pytorch.Batch(2),
+                                            checkpoint_policy="none", show_progress=False)
+    assert seen == [[8]]  # the searcher's one operation (8 batches) after its validation was stored

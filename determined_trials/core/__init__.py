@@ -14,6 +14,7 @@ from determined_trials.core._searcher import (
     SearcherOperation,
     Unit,
 )
+from determined_trials.core._staged import StagedCheckpoint
 from determined_trials.core._store import (
     CheckpointRecord,
     Experiment,
@@ -39,6 +40,7 @@ __all__ = [
     "SearcherContext",
     "SearcherMode",
     "SearcherOperation",
+    "StagedCheckpoint",
     "TensorboardMode",
     "TrainContext",
     "Trial",
