@@ -298,8 +298,9 @@ def test_core_init_removes_stale_staging_but_not_fresh(tmp_path: Path) -> None:
     assert not stale.parent.exists() and fresh.exists()
 
 
+@pytest.mark.parametrize("thread", ["main", "writer"])  # concurrent fsyncs on the main thread, one by one elsewhere
 def test_every_checkpoint_file_is_fsynced_before_it_is_published(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, thread: str
 ) -> None:
     synced: list[str] = []
     fsync, rename = os.fsync, os.rename
@@ -318,10 +319,17 @@ def test_every_checkpoint_file_is_fsynced_before_it_is_published(
     storage = DirectoryStorage(tmp_path)
     ctx = core.CheckpointContext(core.DistributedContext(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0,
                                                          cross_size=1), storage)
-    with ctx.store_path({"steps_completed": 1}) as (path, storage_id):
-        (path / "sub").mkdir()
-        (path / "state_dict.pth").write_bytes(b"weights")
-        (path / "sub" / "extra.bin").write_bytes(b"more")
+    staged = ctx.stage({"steps_completed": 1})
+    storage_id = staged.storage_id
+    (staged.path / "sub").mkdir()
+    (staged.path / "state_dict.pth").write_bytes(b"weights")
+    (staged.path / "sub" / "extra.bin").write_bytes(b"more")
+    if thread == "main":
+        staged.publish()
+    else:
+        writer = threading.Thread(target=staged.publish)
+        writer.start()
+        writer.join(60)
     before = {Path(p).name for p in published[0]}
     assert {"state_dict.pth", "extra.bin", "metadata.json", "sub", "rank-0"} <= before
     assert storage.exists(storage_id)
