@@ -163,7 +163,7 @@ class CheckpointContext:
         if not self._storage.stages_in_place:
             self._put(storage_id, path, _checkpoint_files(path, None))
         elif (path / METADATA_FILE).exists():
-            logger.warning("%s in %s is replaced by the checkpoint's own metadata", METADATA_FILE, path)
+            _warn_metadata_replaced(path)
 
     def _put(self, storage_id: str, src: Path | None, files: dict[str, int]) -> None:
         if src is not None and files:
@@ -341,8 +341,12 @@ def _checkpoint_files(src: Path | None, selector: Selector | None) -> dict[str, 
         return {}
     files = list_local_files(src, selector)
     if files.pop(METADATA_FILE, None) is not None:
-        logger.warning("%s in %s is replaced by the checkpoint's own metadata", METADATA_FILE, src)
+        _warn_metadata_replaced(src)
     return files
+
+
+def _warn_metadata_replaced(folder: Path) -> None:
+    logger.warning("%s in %s is replaced by the checkpoint's own metadata", METADATA_FILE, folder)
 
 
 def _check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -49,11 +49,9 @@ class BatchLoop:
 
         Per batch only what every batch needs runs: take the batch, set the position, ``train_batch``,
         keep the loss on the device, the stop check. The rest (LR schedulers, function reducers, the AMP
-        scaler, gradient aggregation, the profiler, kept outputs, device moves) runs only when the trial
-        uses it (``_general_batches``); otherwise, after a run's first batch, ``_plain_batches`` trains the
-        rest.
+        scaler, gradient aggregation, the profiler, kept outputs) runs only when the trial uses it.
         """
-        context, metrics = self._context, self._train_metrics
+        context, stream, metrics = self._context, self._stream, self._train_metrics
         epoch_len = self._epoch_len
         assert epoch_len
         first = state.batches_trained
@@ -64,89 +62,53 @@ class BatchLoop:
             self._current_epoch = epoch_idx
         count = min(limit, epoch_len - in_epoch)
         sink = metrics.loss_sink() if self._kept_batches is None else None
+        losses = None if sink is None else sink[0]
         count = min(count, sink[1]) if sink is not None else 1  # the first output sets the sink up
-        context._epoch_len = epoch_len
-        last_of_epoch = (epoch_idx + 1) * epoch_len - 1
-        # this run's lone losses, handed to the metric's device list when the run ends (None: no sink yet)
-        losses: list[torch.Tensor] | None = None if sink is None else []
-        trained, stopped = 0, False
-        try:
-            trained, stopped = self._general_batches(first, count, epoch_idx, last_of_epoch, losses, should_stop)
-            if not stopped and trained < count:
-                trained, stopped = self._plain_batches(first, trained, count, epoch_idx, losses, should_stop)
-        except BaseException:
-            # the batch that raised does not count; the position says which one it was
-            trained = max(0, (context._batch_idx or first) - first)
-            raise
-        finally:
-            self._stream.advance(trained)
-            state.batches_trained += trained
-            if losses:
-                sink[0].extend(losses)  # type: ignore[index]  # losses is a list only with a sink
-                metrics.count_losses(len(losses))
-        if first + trained - 1 == last_of_epoch:
-            self._close_epoch(state)
-        return trained, stopped
-
-    def _general_batches(self, first: int, count: int, epoch_idx: int, last_of_epoch: int,
-                         losses: list[torch.Tensor] | None, should_stop: Callable[[], bool]) -> tuple[int, bool]:
-        """Batches ``first``.. with every per-batch step the trial uses; returns (trained, stopped).
-        When nothing but the loss needs keeping (no per-batch steps, a loss sink, no device move) it
-        returns after one batch, leaving the rest of the run to ``_plain_batches``."""
-        context, epoch_len = self._context, self._epoch_len
-        assert epoch_len
-        add = self._add_and_keep if self._kept_batches is not None else self._train_metrics.add
+        add = self._add_and_keep if self._kept_batches is not None else metrics.add
         per_batch = self._needs_per_batch_steps()
         move = context.to_device if context.experimental._auto_to_device else None
         # on a CPU trial, a run whose first batch holds CPU tensors needs no move (to_device returns them)
         check_first = move is not None and context.device == CPU
-        train_batch, iterator, tensor_type = self._trial.train_batch, self._stream.loader_iterator(), torch.Tensor
+        train_batch, iterator, tensor_type = self._trial.train_batch, stream.loader_iterator(), torch.Tensor
+        last_of_epoch = (epoch_idx + 1) * epoch_len - 1
+        context._epoch_len = epoch_len
         preempt = getattr(should_stop, "local_preempt", None)
-        trained = 0
-        for batch_idx in range(first, first + count):
-            context._batch_idx = batch_idx
-            batch = next(iterator)
-            if per_batch:
-                context._start_known_batch(batch_idx, epoch_len)
-            if check_first:
-                check_first = False
-                if cpu_tensors(batch):
-                    move = None
-            if move is not None:
-                batch = move(batch)
-            output = train_batch(batch, epoch_idx, batch_idx)
-            if losses is not None and type(output) is tensor_type:
-                losses.append(output.detach())
-            else:
-                add(output)
-            if per_batch:
-                self._finish_batch(batch_idx, epoch_idx, batch_idx == last_of_epoch)
-            trained += 1
-            # one process: read the two flags here, call the check only when one is set
-            if (preempt is None or preempt.signalled or context._stop_requested) and should_stop():
-                return trained, True
-            if not per_batch and losses is not None and move is None and preempt is not None:
-                break  # the rest of the run needs nothing more per batch
-        return trained, False
-
-    def _plain_batches(self, first: int, trained: int, count: int, epoch_idx: int, losses: list[torch.Tensor] | None,
-                       should_stop: Callable[[], bool]) -> tuple[int, bool]:
-        """The rest of a run (batches ``first + trained``..) when each batch needs only its position, the
-        loss kept on the device and, on one process, two flag reads; returns (trained, stopped)."""
-        assert losses is not None
-        context, preempt = self._context, should_stop.local_preempt  # type: ignore[attr-defined]
-        train_batch, iterator, tensor_type = self._trial.train_batch, self._stream.loader_iterator(), torch.Tensor
-        keep, add = losses.append, self._train_metrics.add
-        for batch_idx in range(first + trained, first + count):
-            context._batch_idx = batch_idx
-            output = train_batch(next(iterator), epoch_idx, batch_idx)
-            if type(output) is tensor_type:
-                keep(output.detach())
-            else:
-                add(output)  # a dict of metrics (or a wrong type: add raises, naming it)
-            if (preempt.signalled or context._stop_requested) and should_stop():
-                return batch_idx - first + 1, True
-        return count, False
+        trained = kept = 0
+        stopped = False
+        try:
+            for batch_idx in range(first, first + count):
+                batch = next(iterator)
+                if per_batch:
+                    context._start_known_batch(batch_idx, epoch_len)
+                else:
+                    context._batch_idx = batch_idx
+                if check_first:
+                    check_first = False
+                    if cpu_tensors(batch):
+                        move = None
+                if move is not None:
+                    batch = move(batch)
+                output = train_batch(batch, epoch_idx, batch_idx)
+                if losses is not None and type(output) is tensor_type:
+                    losses.append(output.detach())
+                    kept += 1
+                else:
+                    add(output)
+                if per_batch:
+                    self._finish_batch(batch_idx, epoch_idx, batch_idx == last_of_epoch)
+                trained += 1
+                # one process: read the two flags here, call the check only when one is set
+                if (preempt is None or preempt.signalled or context._stop_requested) and should_stop():
+                    stopped = True
+                    break
+        finally:
+            stream.advance(trained)
+            state.batches_trained += trained
+            if kept:
+                metrics.count_losses(kept)
+        if first + trained - 1 == last_of_epoch:
+            self._close_epoch(state)
+        return trained, stopped
 
     def _needs_per_batch_steps(self) -> bool:
         """Whether each batch needs ``_start_known_batch``/``_finish_batch`` (else the position alone)."""

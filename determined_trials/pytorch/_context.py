@@ -57,8 +57,6 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         TrainPosition.__init__(self)
         self._aggregation_frequency = _resolve_aggregation(aggregation_frequency, self.config)
         self._average_grads: dict[int, bool] = {}
-        # ids of the wrapped optimizers whose step is a plain step + zero_grad (no aggregation, no AMP scaler)
-        self._plain_steps: set[int] = set()
         dist = self.distributed
         chosen = torch.device(device) if device is not None else default_device(dist.get_local_rank(), dist.get_size())
         self._init_services(core_context, enable_tensorboard_logging, chosen)
@@ -128,8 +126,6 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         if average_aggregated_gradients is not None:
             average = bool(average_aggregated_gradients)
         self._average_grads[id(optimizer)] = average
-        if self._aggregation_frequency == 1 and self._auto_scaler is None:
-            self._plain_steps.add(id(optimizer))
         self.optimizers.append(optimizer)
         return optimizer
 
@@ -178,14 +174,11 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         all-reduce: `_start_batch` turns DDP's gradient sync off for the whole batch, as
         `no_sync()` would, since DDP decides in the forward pass.
         """
-        if type(loss) is not torch.Tensor and not isinstance(loss, torch.Tensor):
+        if not isinstance(loss, torch.Tensor):
             raise TypeError(f"backward takes the loss tensor, got {type(loss).__qualname__}")
         if self._auto_scaler is not None:
             loss = self._auto_scaler.scale(loss)
-        if gradient is None and not retain_graph and not create_graph:
-            loss.backward()  # the common call, without keyword arguments (the same effect)
-        else:
-            loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)
+        loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)
 
     def step_optimizer(
         self,
@@ -197,7 +190,8 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         """Step `optimizer` on every `aggregation_frequency`-th batch (gradients accumulate in
         between and are averaged if so configured); `clip_grads(params)` runs first, on
         unscaled gradients; with `scaler` (or automatic AMP) the step goes through the scaler."""
-        if id(optimizer) in self._plain_steps and clip_grads is None and scaler is None and auto_zero_grads:
+        if (clip_grads is None and scaler is None and auto_zero_grads and self._aggregation_frequency == 1
+                and self._auto_scaler is None and id(optimizer) in self._average_grads):
             optimizer.step()  # the common case, without the general path's per-call checks (same effect)
             optimizer.zero_grad()
             self._optimizer_stepped_this_batch = True
@@ -276,7 +270,6 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
                 )
             self._auto_scaler = torch.amp.GradScaler(self._device.type)
             self.scalers.append(self._auto_scaler)
-            self._plain_steps.clear()  # steps now go through the scaler
         self._amp_dtype = chosen
         for model in self.models:
             _amp.install_autocast_forward(_ddp.unwrap(model), self._device, chosen)

@@ -71,14 +71,22 @@ def list_local_files(root: Path, selector: Selector | None = None) -> dict[str, 
     if not root.is_dir():
         raise NotADirectoryError(f"checkpoint directory {str(root)!r} is a file, not a directory")
     found: dict[str, int] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = Path(dirpath, name)
-            rel = full.relative_to(root).as_posix()
-            if selector is None or selector(rel):
-                found[rel] = full.stat().st_size
+    for rel, full in walk_local_tree(root, []):
+        if selector is None or selector(rel):
+            found[rel] = os.stat(full).st_size
     return found
+
+
+def walk_local_tree(root: Path, folders: list[str]) -> Iterator[tuple[str, str]]:
+    """(relative posix path, full path) of every file under ``root``, sorted as a walk; each folder's
+    full path (``root`` first) is appended to ``folders`` as it is entered."""
+    base = str(root)
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames.sort()
+        folders.append(dirpath)
+        prefix = "" if dirpath == base else os.path.relpath(dirpath, base).replace(os.sep, "/") + "/"
+        for name in sorted(filenames):
+            yield prefix + name, os.path.join(dirpath, name)
 
 
 def safe_join(root: Path, rel: str) -> Path:

@@ -25,6 +25,7 @@ from determined_trials.core.storage._base import (
     dump_metadata,
     list_local_files,
     safe_join,
+    walk_local_tree,
 )
 from determined_trials.errors import ConfigError
 
@@ -231,15 +232,9 @@ def _fsync_tree(root: Path) -> dict[str, int]:
     files: dict[str, int] = {}
     paths: list[str] = []
     folders: list[str] = []
-    base = str(root)
-    for dirpath, dirnames, names in os.walk(base):
-        dirnames.sort()
-        folders.append(dirpath)
-        prefix = os.path.relpath(dirpath, base).replace(os.sep, "/") + "/" if dirpath != base else ""
-        for name in sorted(names):
-            path = os.path.join(dirpath, name)
-            files[prefix + name] = os.stat(path).st_size
-            paths.append(path)
+    for rel, path in walk_local_tree(root, folders):
+        files[rel] = os.stat(path).st_size
+        paths.append(path)
     if len(paths) + len(folders) <= _SEQUENTIAL_FSYNCS or threading.current_thread() is not threading.main_thread():
         for path in paths:
             _fsync_file(path)
