@@ -36,10 +36,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 __all__ = ["MODES", "main"]
+
+Region = Callable[[Callable[[], Any]], Any]  # runs the measured part (instructions.py wraps it)
+
+
+def _plain(measured: Callable[[], Any]) -> Any:
+    return measured()
 
 MODES = ("raw", "trial", "raw-ckpt", "trial-ckpt")
 SEED = 1234
@@ -88,15 +95,25 @@ def _raw_validate(model: Any, loader: Any) -> float:
     return (correct / len(loader.dataset)).item()
 
 
-def _raw_loop(args: argparse.Namespace, ckpt: bool, out_dir: Path) -> dict[str, Any]:
+def _raw_loop(args: argparse.Namespace, ckpt: bool, out_dir: Path, region: Region = _plain) -> dict[str, Any]:
     import torch
-    from torch import nn
 
     torch.manual_seed(SEED)
     train_data, val_data = _datasets()
     model = _mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=_momentum(args))
     start, cpu_start = time.perf_counter(), time.process_time()
+    reported, accuracy = region(lambda: _raw_train(args, ckpt, out_dir, train_data, val_data, model, optimizer))
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    return {"seconds": seconds, "cpu_seconds": cpu, "loss": round(reported, 4), "val_accuracy": round(accuracy, 4)}
+
+
+def _raw_train(args: argparse.Namespace, ckpt: bool, out_dir: Path, train_data: Any, val_data: Any, model: Any,
+               optimizer: Any) -> tuple[float, float]:
+    """The timed part of the raw loop: (last reported loss, last validation accuracy)."""
+    import torch
+    from torch import nn
+
     loader = torch.utils.data.DataLoader(train_data, batch_size=BATCH, shuffle=True, generator=_generator(args))
     val_loader = torch.utils.data.DataLoader(val_data, batch_size=VAL_BATCH)
     losses: list[torch.Tensor] = []
@@ -119,8 +136,7 @@ def _raw_loop(args: argparse.Namespace, ckpt: bool, out_dir: Path) -> dict[str, 
                 torch.save(state, out_dir / f"ckpt-{batches}.pth")
             if batches == args.batches:
                 break
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    return {"seconds": seconds, "cpu_seconds": cpu, "loss": round(reported, 4), "val_accuracy": round(accuracy, 4)}
+    return reported, accuracy
 
 
 # -- the trial ---------------------------------------------------------------------------------
@@ -173,7 +189,7 @@ def _trial_class(args: argparse.Namespace) -> type:
     return MLPTrial
 
 
-def _trial_fit(args: argparse.Namespace, ckpt: bool, run_dir: Path) -> dict[str, Any]:
+def _trial_fit(args: argparse.Namespace, ckpt: bool, run_dir: Path, region: Region = _plain) -> dict[str, Any]:
     from determined_trials import pytorch
 
     config = {
@@ -186,16 +202,16 @@ def _trial_fit(args: argparse.Namespace, ckpt: bool, run_dir: Path) -> dict[str,
     with pytorch.init(exp_conf=config, run_dir=str(run_dir)) as context:
         trial = _trial_class(args)(context)
         trainer = pytorch.Trainer(trial, context)
-        reporting = {} if args.variant else {"reporting_period": pytorch.Batch(args.report)}
+        reporting: dict[str, Any] = {} if args.variant else {"reporting_period": pytorch.Batch(args.report)}
         start, cpu_start = time.perf_counter(), time.process_time()
-        trainer.fit(
+        region(lambda: trainer.fit(
             max_length=pytorch.Batch(args.batches),
             validation_period=pytorch.Batch(args.period),
             checkpoint_period=pytorch.Batch(args.period) if ckpt else None,
             checkpoint_policy="none",
             show_progress=False,
             **reporting,
-        )
+        ))
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         store = context._core.store if context._core is not None else None
         if store is not None:

@@ -15,6 +15,8 @@ import numpy as np
 
 __all__ = ["check_group_name", "scalar_items", "to_json_metrics"]
 
+_PLAIN = (float, int, str)  # exact types that are JSON values as they are (bool is not among them)
+
 
 def check_group_name(group: str) -> None:
     """Metric groups are non-empty strings without '.' (it separates group and key in tags)."""
@@ -30,7 +32,13 @@ def to_json_metrics(metrics: Mapping[str, Any], *, what: str = "metrics") -> dic
     """A copy of ``metrics`` holding only JSON values; raises TypeError naming the bad key."""
     if not isinstance(metrics, Mapping):
         raise TypeError(f"{what} must be a dict of name -> value, got {type(metrics).__name__}")
-    return {_check_key(key, what): _convert(value, f"{what}[{key!r}]") for key, value in metrics.items()}
+    converted: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if type(value) in _PLAIN and type(key) is str:  # the common case: no location string to build
+            converted[key] = value
+        else:
+            converted[_check_key(key, what)] = _convert(value, f"{what}[{key!r}]")
+    return converted
 
 
 def scalar_items(metrics: Mapping[str, Any]) -> list[tuple[str, float]]:
@@ -38,7 +46,7 @@ def scalar_items(metrics: Mapping[str, Any]) -> list[tuple[str, float]]:
     return [
         (key, float(value))
         for key, value in metrics.items()
-        if isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if type(value) is float or (isinstance(value, numbers.Real) and not isinstance(value, bool))
     ]
 
 

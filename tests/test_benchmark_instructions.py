@@ -1,0 +1,70 @@
+"""``benchmarks/instructions.py``: its callgrind totals parsing, its measured child run, the clear error
+without valgrind, and (when valgrind is installed) a short end-to-end count of both modes."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "instructions.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("det_bench_instructions", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_totals_reads_the_events_and_totals_lines(tmp_path: Path) -> None:
+    out = tmp_path / "callgrind.out"
+    out.write_text("version: 1\ncmd: python x.py\nevents: Ir D1mr Bim\nfn=(1) main\n3 10 2 1\ntotals: 120 7 3\n")
+    assert _load()._totals(out) == {"Ir": 120, "D1mr": 7, "Bim": 3}
+
+
+def test_totals_of_an_unfinished_file_is_an_error(tmp_path: Path) -> None:
+    out = tmp_path / "callgrind.out"
+    out.write_text("version: 1\nevents: Ir\n")
+    with pytest.raises(RuntimeError, match="no events/totals"):
+        _load()._totals(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["raw", "trial"])
+def test_child_runs_the_measured_part_without_valgrind(mode: str) -> None:
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--child", mode, "--batches", "20", "--period", "10",
+                           "--report", "5"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_without_valgrind_it_says_how_to_get_it(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": str(tmp_path)}  # an empty folder: no valgrind on PATH
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--batches", "5"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=env)
+    assert proc.returncode != 0
+    assert "valgrind is not on PATH" in proc.stderr and "apt-get install valgrind" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind (callgrind) on PATH")
+def test_counts_the_instructions_of_both_modes_under_callgrind() -> None:
+    """End to end with ``--no-sim`` (the cache simulation makes a run ~5 min even for 10 batches)."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--batches", "10", "--period", "5", "--report", "5",
+                           "--no-sim"], capture_output=True, text=True, timeout=880, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = re.search(r"^Ir\s+([\d,]+)\s+([\d,]+)\s+(\d+\.\d+)x", proc.stdout, re.MULTILINE)
+    assert row is not None, proc.stdout
+    raw, trial = (int(group.replace(",", "")) for group in row.groups()[:2])
+    assert raw > 1_000_000 and trial > 1_000_000  # 10 batches of a real model, not an empty region
+    assert "D1mr" not in proc.stdout  # not simulated
