@@ -252,6 +252,24 @@ def test_step_optimizer_outside_training_without_aggregation(make_ctx: Any) -> N
     assert model.weight.item() == pytest.approx(1.4)
 
 
+def test_backward_passes_its_arguments_on_and_checks_the_loss(make_ctx: Any) -> None:
+    ctx = make_ctx()
+    model = ctx.wrap_model(_linear())
+    out = model(torch.tensor([[1.0], [2.0]]))  # non-scalar: needs `gradient`
+    ctx.backward(out, gradient=torch.tensor([[1.0], [0.5]]), retain_graph=True)
+    assert model.weight.grad is not None and model.weight.grad.item() == pytest.approx(2.0)  # 1*1 + 0.5*2
+    ctx.backward(out, gradient=torch.tensor([[1.0], [0.0]]))  # the graph was retained: a second pass works
+    assert model.weight.grad.item() == pytest.approx(3.0)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        ctx.backward(out, gradient=torch.tensor([[1.0], [0.0]]))  # the default frees it
+    model.weight.grad = None
+    loss = (model(torch.tensor([[3.0]])) ** 2).sum()
+    ctx.backward(loss, create_graph=True)  # the gradient itself gets a graph: 2*w*x^2
+    assert model.weight.grad is not None and model.weight.grad.requires_grad
+    with pytest.raises(TypeError, match="backward takes the loss tensor, got float"):
+        ctx.backward(1.5)  # type: ignore[arg-type]
+
+
 def test_clip_grads_gets_the_params_and_clips(make_ctx: Any) -> None:
     ctx = make_ctx()
     model = ctx.wrap_model(_linear())
