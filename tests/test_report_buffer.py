@@ -44,6 +44,21 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     return fake
 
 
+@pytest.fixture
+def stored_at_completion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The validation steps in the store each time a searcher operation is recorded completed."""
+    seen: list[list[int]] = []
+    record = det.core.LocalStore.record_searcher_op
+
+    def recording(self: det.core.LocalStore, trial_id: int, length: int, metric: Any, completed: bool) -> None:
+        if completed:
+            seen.append(_stored(tmp_path, trial_id, "validation"))  # what the store holds at that moment
+        record(self, trial_id, length, metric, completed)
+
+    monkeypatch.setattr(det.core.LocalStore, "record_searcher_op", recording)
+    return seen
+
+
 def _stored(run_dir: Path, trial_id: int, group: str = "training") -> list[int]:
     return [m.steps_completed for m in det.core.LocalStore(run_dir).metrics(trial_id, group=group)]
 
@@ -94,6 +109,16 @@ def test_reading_the_best_validation_counts_the_held_ones(tmp_path: Path, clock:
         ctx.train.report_validation_metrics(1, {"val_loss": 0.5})
         ctx.train.report_validation_metrics(2, {"val_loss": 0.25})  # held
         assert ctx.train.get_experiment_best_validation() == 0.25
+
+
+def test_a_core_api_operation_completed_after_a_held_validation_is_recorded_after_it(
+        tmp_path: Path, clock: _Clock, stored_at_completion: list[list[int]]) -> None:
+    with det.core.init(config=CONFIG, run_dir=tmp_path) as ctx:
+        for op in ctx.searcher.operations():
+            ctx.train.report_validation_metrics(1, {"val_loss": 0.5})
+            ctx.train.report_validation_metrics(op.length, {"val_loss": 0.25})  # held: less than a second later
+            op.report_completed(0.25)
+    assert stored_at_completion == [[1, 40]]
 
 
 def test_an_error_in_the_with_block_still_stores_held_reports(tmp_path: Path, clock: _Clock) -> None:
@@ -178,18 +203,9 @@ def test_a_failing_fit_keeps_the_reports_made_before_the_failure(tmp_path: Path,
 
 
 def test_a_completed_searcher_operation_is_recorded_after_the_validation_it_names(
-        tmp_path: Path, clock: _Clock, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[list[int]] = []
-    record = det.core.LocalStore.record_searcher_op
-
-    def recording(self: det.core.LocalStore, trial_id: int, length: int, metric: Any, completed: bool) -> None:
-        if completed:
-            seen.append(_stored(tmp_path, trial_id, "validation"))  # what the store holds at that moment
-        record(self, trial_id, length, metric, completed)
-
-    monkeypatch.setattr(det.core.LocalStore, "record_searcher_op", recording)
+        tmp_path: Path, clock: _Clock, stored_at_completion: list[list[int]]) -> None:
     with pytorch.init(exp_conf=config({"global_batch_size": 1}), run_dir=tmp_path) as context:
         trial = LinearTrial(context)
         pytorch.Trainer(trial, context).fit(max_length=None, reporting_period=pytorch.Batch(2),
                                             checkpoint_policy="none", show_progress=False)
-    assert seen == [[8]]  # the searcher's one operation (8 batches) after its validation was stored
+    assert stored_at_completion == [[8]]  # the searcher's one operation (8 batches) after its validation was stored

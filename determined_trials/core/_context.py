@@ -182,7 +182,7 @@ def init(
         return {
             "checkpoint": CheckpointContext(dist, storage, recorder=recorder),
             "train": train,
-            "searcher": _build_searcher(store, trial, dist, exp_config, info),
+            "searcher": _build_searcher(store, trial, dist, exp_config, info, before_record=train.flush_reports),
             "profiler": ProfilerContext(dist, _profiler_reporter(store, trial.trial_id)),
         }
 
@@ -242,7 +242,7 @@ def _build_train(
 
 def _build_searcher(
     store: LocalStore, trial: TrialInfo, dist: DistributedContext, config: ExperimentConfig,
-    info: ClusterInfo | None,
+    info: ClusterInfo | None, *, before_record: Callable[[], None],
 ) -> SearcherContext:
     max_length = config.searcher.max_length
     length = max_length.value if max_length is not None else 1
@@ -250,7 +250,7 @@ def _build_searcher(
     lengths = info.searcher_lengths if info is not None and info.searcher_lengths else [length]
     return SearcherContext(
         dist, source=SingleOperationSource(*lengths), trial_id=trial.trial_id,
-        store=store, units=units, max_length=max(length, *lengths),
+        store=store, units=units, max_length=max(length, *lengths), before_record=before_record,
     )
 
 

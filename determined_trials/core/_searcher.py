@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import math
 import numbers
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -75,14 +75,20 @@ class _Recorder(Protocol):
     def set_trial_progress(self, trial_id: int, progress: float) -> None: ...
 
 
+def _nothing() -> None:
+    """The default ``before_record``: nothing is held back to store first."""
+
+
 class SearcherOperation:
     """Train until ``length`` (absolute, in the configured units), then ``report_completed(metric)``."""
 
-    def __init__(self, *, length: int, is_chief: bool, trial_id: int, store: _Recorder, max_length: int) -> None:
+    def __init__(self, *, length: int, is_chief: bool, trial_id: int, store: _Recorder, max_length: int,
+                 before_record: Callable[[], None] = _nothing) -> None:
         self.length = length
         self._is_chief = is_chief
         self._trial_id = trial_id
         self._store = store
+        self._before_record = before_record  # reports made before the completion are stored before it
         self._max_length = max(max_length, 1)
         self._completed = False
         self.metric: float | None = None
@@ -107,6 +113,7 @@ class SearcherOperation:
         metric = _as_metric(searcher_metric)
         self._completed = True
         self.metric = metric
+        self._before_record()
         self._store.record_searcher_op(self._trial_id, self.length, metric, True)
 
     def _require_chief(self, what: str) -> None:
@@ -126,6 +133,7 @@ class SearcherContext:
         store: _Recorder,
         units: Unit | None = None,
         max_length: int = 1,
+        before_record: Callable[[], None] = _nothing,
     ) -> None:
         self._dist = dist
         self._source = source
@@ -133,6 +141,7 @@ class SearcherContext:
         self._store = store
         self._units = units
         self._max_length = max_length
+        self._before_record = before_record
         self._out_of_ops_acknowledged = False
 
     def get_configured_units(self) -> Unit | None:
@@ -158,7 +167,7 @@ class SearcherContext:
                 break
             op = SearcherOperation(
                 length=length, is_chief=is_chief, trial_id=self._trial_id,
-                store=self._store, max_length=self._max_length,
+                store=self._store, max_length=self._max_length, before_record=self._before_record,
             )
             yield op
             if is_chief:

@@ -82,10 +82,10 @@ class TrainContext:
 
         Reports less than a second apart (of every group) are stored together, in one transaction:
         at the latest a second later (at the next report), and always before a checkpoint is
-        recorded, before the experiment's best validation is read, before ``Trainer.fit`` completes a
-        searcher operation, at the end of ``Trainer.fit`` and at exit (``flush_reports`` stores them
-        on demand). Only a kill -9 or a power loss in that second can lose them (after the last
-        checkpoint: a resume trains and reports them again)."""
+        recorded, before the experiment's best validation is read, before a searcher operation is
+        recorded completed (``op.report_completed``), at the end of ``Trainer.fit`` and at exit
+        (``flush_reports`` stores them on demand). Only a kill -9 or a power loss in that second can
+        lose them (after the last checkpoint: a resume trains and reports them again)."""
         self._report("training", steps_completed, metrics, batch_metrics)
 
     def report_validation_metrics(self, steps_completed: int, metrics: dict[str, Any]) -> None:

@@ -316,7 +316,6 @@ class Controller:
             if self._to_batches(length, shape) > self._state.batches_trained:
                 break
             if self._is_chief:
-                self._core.train.flush_reports()  # the validation it names is stored before it
                 op.report_completed(_searcher_value(self._last_validation, metric))
         if isinstance(operations, Generator):
             operations.close()  # an operation not reached stays open for the searcher
@@ -325,7 +324,6 @@ class Controller:
         if self._state.last_validation != self._state.batches_trained:
             self._validate()
         if self._is_chief:
-            self._core.train.flush_reports()  # the validation it names is stored before it
             op.report_completed(_searcher_value(self._last_validation, self._settings.searcher_metric))
         self._state.searcher_ops_completed += 1
 
