@@ -174,15 +174,14 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         all-reduce: `_start_batch` turns DDP's gradient sync off for the whole batch, as
         `no_sync()` would, since DDP decides in the forward pass.
         """
-        if gradient is None and not retain_graph and not create_graph and self._auto_scaler is None \
-                and isinstance(loss, torch.Tensor):
-            loss.backward()  # the common case, with torch's defaults (no keyword arguments to match per call)
-            return
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"backward takes the loss tensor, got {type(loss).__qualname__}")
         if self._auto_scaler is not None:
             loss = self._auto_scaler.scale(loss)
-        loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)
+        if gradient is None and not retain_graph and not create_graph:
+            loss.backward()  # torch's defaults: no keyword arguments to match on every call
+        else:
+            loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)
 
     def step_optimizer(
         self,
