@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +26,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import overhead  # noqa: E402 - a sibling script, found through the line above
 
 __all__ = ["main"]
 
@@ -47,18 +49,15 @@ def _in_reduce(measured: Callable[[], Any]) -> Any:
 
 
 def _child(mode: str, args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import overhead
     import torch
 
     torch.set_num_threads(1)
-    settings = argparse.Namespace(batches=args.batches, period=args.period, report=args.report, variant=args.variant)
     work = Path(tempfile.mkdtemp(prefix="det-instructions-"))
     try:
         if mode == "raw":
-            overhead._raw_loop(settings, False, work, region=_in_reduce)
+            overhead._raw_loop(args, False, work, region=_in_reduce)
         else:
-            overhead._trial_fit(settings, False, work, region=_in_reduce)
+            overhead._trial_fit(args, False, work, region=_in_reduce)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -82,10 +81,8 @@ def _measure(mode: str, args: argparse.Namespace, work: Path) -> dict[str, int]:
     simulate = [] if args.no_sim else ["--cache-sim=yes", "--branch-sim=yes"]
     cmd = ["valgrind", "--tool=callgrind", *simulate, "--toggle-collect=functools_reduce",
            f"--callgrind-out-file={out_file}",
-           sys.executable, str(Path(__file__).resolve()), "--child", mode, "--batches", str(args.batches),
-           "--period", str(args.period), "--report", str(args.report)] + (["--variant"] if args.variant else [])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+           sys.executable, str(Path(__file__).resolve()), "--child", mode, *overhead.shape_argv(args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=overhead.child_env(), timeout=args.timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"callgrind run of {mode} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     return _totals(out_file)
@@ -108,17 +105,12 @@ def _report(counts: dict[str, dict[str, int]], args: argparse.Namespace) -> None
 def main() -> None:
     """Parse the arguments; run one child, or both modes under callgrind and print the comparison."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=2000, help="training batches (default 2000)")
-    parser.add_argument("--period", type=int, default=500, help="validation period in batches")
-    parser.add_argument("--report", type=int, default=100, help="raw loop's reporting period in batches")
-    parser.add_argument("--variant", action="store_true", help="momentum, a torch.Generator, default reporting")
+    overhead.add_shape_arguments(parser)
     parser.add_argument("--no-sim", action="store_true", help="instructions only: no cache or branch simulation")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per mode")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    for name in ("batches", "period", "report"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1")
+    overhead.check_at_least_one(parser, args, ("batches", "period", "report"))
     if args.child:
         _child(args.child, args)
         return

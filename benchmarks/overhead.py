@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MODES", "main"]
+__all__ = ["MODES", "add_shape_arguments", "check_at_least_one", "child_env", "main", "shape_argv"]
 
 Region = Callable[[Callable[[], Any]], Any]  # runs the measured part (instructions.py wraps it)
 
@@ -241,11 +241,35 @@ def _child(args: argparse.Namespace) -> None:
 # -- the parent --------------------------------------------------------------------------------
 
 
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """The loop's shape: --batches, --period, --report, --variant (instructions.py takes them too)."""
+    parser.add_argument("--batches", type=int, default=2000, help="training batches (default 2000)")
+    parser.add_argument("--period", type=int, default=500, help="validation/checkpoint period in batches")
+    parser.add_argument("--report", type=int, default=100, help="training-metric reporting period in batches")
+    parser.add_argument("--variant", action="store_true", help="momentum, a torch.Generator, default reporting")
+
+
+def check_at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Exit with a usage error naming the first of ``names`` below 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+
+
+def shape_argv(args: argparse.Namespace) -> list[str]:
+    """``add_shape_arguments``' values as a child's command-line arguments."""
+    return ["--batches", str(args.batches), "--period", str(args.period), "--report", str(args.report)] + (
+        ["--variant"] if args.variant else [])
+
+
+def child_env() -> dict[str, str]:
+    """A child's environment: one thread for torch's kernels (stable timings and counts)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def _run_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--batches", str(args.batches),
-           "--period", str(args.period), "--report", str(args.report)] + (["--variant"] if args.variant else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, *shape_argv(args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=args.timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"child {mode} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -297,19 +321,14 @@ def main() -> None:
     """Parse the arguments; run one child measurement or the whole interleaved benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="measurements per mode (default 7)")
-    parser.add_argument("--batches", type=int, default=2000, help="training batches (default 2000)")
-    parser.add_argument("--period", type=int, default=500, help="validation/checkpoint period in batches")
-    parser.add_argument("--report", type=int, default=100, help="training-metric reporting period in batches")
-    parser.add_argument("--variant", action="store_true", help="momentum, a torch.Generator, default reporting")
+    add_shape_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="smoke run: 200 batches, period 50, 2 rounds")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per child")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.batches, args.period, args.report, args.rounds = 200, 50, 50, 2
-    for name in ("rounds", "batches", "period", "report"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1")
+    check_at_least_one(parser, args, ("rounds", "batches", "period", "report"))
     if args.child:
         _child(args)
         return
