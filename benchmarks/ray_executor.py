@@ -65,8 +65,8 @@ def _overhead_ms(executor: str, trials: int, folder: Path) -> float:
 
 def _writer(address: str | None, run_dir: str, trial_id: int, rows: int, barrier: Any, out: Any) -> None:
     from determined_trials.core import LocalStore
-    from determined_trials.core._store_channel import ChannelToken
-    from determined_trials.core._store_channel_client import RemoteStore
+    from determined_trials.core.channel._server import ChannelToken
+    from determined_trials.core.channel._client import RemoteStore
 
     store: Any = RemoteStore(ChannelToken.loads(address), run_dir) if address else LocalStore(run_dir)
     store.trial(trial_id)  # connect before the clock starts
@@ -79,7 +79,7 @@ def _writer(address: str | None, run_dir: str, trial_id: int, rows: int, barrier
 
 def _rows_per_s(channel: bool, writers: int, rows: int, folder: Path) -> float:
     from determined_trials.core import LocalStore
-    from determined_trials.core._store_channel import StoreChannelServer
+    from determined_trials.core.channel._server import StoreChannelServer
 
     store = LocalStore(folder)
     exp = store.create_experiment(name="bench", config={})

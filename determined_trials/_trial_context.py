@@ -1,5 +1,6 @@
 """`TrialContext`: what every trial context knows (hyperparameters, config, seed, ids, batch
-sizes, distributed context), and `from_config` to build one for debugging outside any launcher."""
+sizes, distributed context), `from_config` to build one for debugging outside any launcher, and the
+constructor preamble every family's context shares (`TrialIdentity`, `_init_identity`)."""
 
 from __future__ import annotations
 
@@ -7,27 +8,42 @@ import copy
 import difflib
 import random
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
-from determined_trials.config import ExperimentConfig, sample_hparams
+from determined_trials.config import ExperimentConfig, load_config, sample_hparams
 from determined_trials.config._load import load_raw, validate_raw
+from determined_trials.config._searcher import default_searcher
 from determined_trials.errors import ConfigError
 
 if TYPE_CHECKING:
     from determined_trials.config import ConfigSource
+    from determined_trials.core import Context
     from determined_trials.core._distributed import DistributedContext
 
-__all__ = ["TrialContext"]
+__all__ = ["TrialContext", "TrialIdentity"]
 
 _T = TypeVar("_T", bound="TrialContext")
 
-_DEFAULT_SEARCHER: dict[str, Any] = {
-    "name": "single", "metric": "validation_loss", "max_length": {"batches": 100},
-}
+
+class TrialIdentity(TypedDict, total=False):
+    """The keyword arguments every family's context takes besides ``core_context``: each one given wins over
+    the Core API context's trial, and without either the defaults of a lone debugging trial apply."""
+
+    config: ExperimentConfig | Mapping[str, Any] | None
+    hparams: Mapping[str, Any] | None
+    trial_seed: int | None
+    trial_id: int | None
+    experiment_id: int | None
 
 
 class TrialContext:
     """A trial's hyperparameters, experiment config, seed and ids; framework contexts extend it."""
+
+    _core: Context | None = None
+    """The Core API context of a running trial (None for a debugging context from ``from_config``)."""
+
+    _searcher_metric_named: bool = True
+    """False when a family's ``init()`` filled in the searcher itself: its metric is then not enforced."""
 
     def __init__(
         self,
@@ -52,6 +68,25 @@ class TrialContext:
         self._distributed = distributed
         self._load_data_text: dict[tuple[type, str], str] = {}  # checkpoints' load_data.json, made once
 
+    def _init_identity(self, core_context: Context | None, identity: TrialIdentity) -> None:
+        """The constructor preamble of every family's context: ``TrialContext``'s fields from ``identity``,
+        else from ``core_context``'s trial, else defaults (seed and ids 0)."""
+        unknown = sorted(set(identity) - set(TrialIdentity.__annotations__))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got unexpected keyword argument(s): {', '.join(unknown)}")
+        trial = core_context.info.trial if core_context is not None else None
+        hparams = identity.get("hparams")
+        TrialContext.__init__(
+            self,
+            config=_resolve_config(type(self).__name__, identity.get("config"), trial and trial.config),
+            hparams=hparams if hparams is not None else (trial.hparams if trial else {}),
+            trial_seed=_pick(identity.get("trial_seed"), trial and trial.trial_seed),
+            trial_id=_pick(identity.get("trial_id"), trial and trial.trial_id),
+            experiment_id=_pick(identity.get("experiment_id"), trial and trial.experiment_id),
+            distributed=core_context.distributed if core_context is not None else None,
+        )
+        self._core = core_context
+
     @classmethod
     def from_config(cls: type[_T], config: ConfigSource) -> _T:  # noqa: PYI019
         """Build a context for debugging outside any launcher (e.g. in a REPL or a notebook).
@@ -65,7 +100,7 @@ class TrialContext:
             parsed = config
         else:
             raw, origin = load_raw(config)
-            raw.setdefault("searcher", dict(_DEFAULT_SEARCHER))
+            raw.setdefault("searcher", default_searcher())
             parsed = validate_raw(raw, origin)
         seed = parsed.reproducibility.experiment_seed or 0
         hparams = sample_hparams(parsed.hyperparameters, random.Random(seed))
@@ -167,3 +202,18 @@ class TrialContext:
                 f"{(per_slot + 1) * slots}."
             )
         return total, per_slot
+
+
+def _pick(given: int | None, from_trial: Any) -> int:
+    if given is not None:
+        return given
+    return from_trial if isinstance(from_trial, int) and not isinstance(from_trial, bool) else 0
+
+
+def _resolve_config(owner: str, config: Any, trial_config: Any) -> ExperimentConfig:
+    for candidate in (config, trial_config):
+        if isinstance(candidate, ExperimentConfig):
+            return candidate
+        if candidate is not None:
+            return load_config(dict(candidate))
+    raise TypeError(f"{owner} needs `config` (an ExperimentConfig or dict) or a `core_context`")

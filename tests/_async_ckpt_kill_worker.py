@@ -20,7 +20,7 @@ from pytorch_trials import ResumeTrial, config
 import determined_trials.pytorch._adapter as adapter_module
 import determined_trials.pytorch._experimental as experimental
 from determined_trials import pytorch
-from determined_trials.core._store import LocalStore
+from determined_trials.core.store._local import LocalStore
 from determined_trials.core.storage import DirectoryStorage
 
 _writes = {"n": 0}

@@ -17,7 +17,7 @@ from typing import Any
 from _pytorch_dist_trials import DistTrial, config, fit_kwargs, weights
 
 from determined_trials import pytorch
-from determined_trials.core._store import LocalStore
+from determined_trials.core.store._local import LocalStore
 
 _writes: list[tuple[str, int]] = []  # this rank's calls of the store's write methods
 

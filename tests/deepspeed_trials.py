@@ -13,7 +13,7 @@ from torch import nn
 
 from determined_trials import deepspeed as det_ds
 from determined_trials import pytorch
-from determined_trials.pytorch._data_plan import epoch_permutation
+from determined_trials.pytorch.data._plan import epoch_permutation
 from determined_trials.pytorch._trainer import seed_everything
 
 os.environ.setdefault("DET_DEEPSPEED_SHM_COMM", "0")  # no JIT build of DeepSpeed's shm op in tests

@@ -225,7 +225,7 @@ def test_the_trainer_rejects_a_context_not_from_init() -> None:
 
 
 def test_grouped_plan_keeps_whole_groups_per_epoch_and_starts_anywhere() -> None:
-    from determined_trials.pytorch._data_plan import DefaultOrders, GroupedPlan, SampleOrderPlan
+    from determined_trials.pytorch.data._plan import DefaultOrders, GroupedPlan, SampleOrderPlan
 
     inner = SampleOrderPlan(DefaultOrders(10, False, 0), per_rank=1, drop_last=False, rank=0, num_replicas=1)
     plan = GroupedPlan(inner, 3)  # 10 micro-batches per epoch: 3 groups of 3, the 10th is dropped

@@ -19,11 +19,12 @@ import psutil
 import pytest
 import zmq
 
-from determined_trials.core import _addresses, _distributed
+from determined_trials.core import _distributed
+from determined_trials.core.transport import _addresses
 from determined_trials.core._distributed import DistributedContext, dummy_distributed
-from determined_trials.core._transport_chief import ChiefEnd
-from determined_trials.core._transport_common import StarSpec
-from determined_trials.core._transport_worker import WorkerEnd
+from determined_trials.core.transport._chief import ChiefEnd
+from determined_trials.core.transport._common import StarSpec
+from determined_trials.core.transport._worker import WorkerEnd
 from determined_trials.errors import CollectiveError
 from determined_trials.testing import RanksFailed, free_port, run_ranks
 

@@ -18,7 +18,7 @@ from _experiment_helpers import make_context, start_runner
 from determined_trials.cli.main import main
 from determined_trials.config import load_config
 from determined_trials.core import LocalStore
-from determined_trials.core._owner import claim_experiment, owner_alive, release_dead_owners
+from determined_trials.core.store._owner import claim_experiment, owner_alive, release_dead_owners
 from determined_trials.experiment import _setup
 
 

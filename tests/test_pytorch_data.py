@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.utils.data
 
-from determined_trials.pytorch._data import DataLoader
-from determined_trials.pytorch._data_raw import is_reproducible_loader, wrap_raw_loader
-from determined_trials.pytorch._data_stream import TrainingStream
+from determined_trials.pytorch.data._loader import DataLoader
+from determined_trials.pytorch.data._raw import is_reproducible_loader, wrap_raw_loader
+from determined_trials.pytorch.data._stream import TrainingStream
 
 
 class CountingDataset(torch.utils.data.Dataset[Any]):

@@ -15,7 +15,8 @@ from pytorch_trials import LinearTrial, config
 
 import determined_trials as det
 from determined_trials import pytorch
-from determined_trials.core import _report_buffer, _tensorboard
+from determined_trials.core import _tensorboard
+from determined_trials.core.store import _report_buffer
 
 CONFIG = {
     "name": "buffer",

@@ -1,4 +1,4 @@
-"""Tests for the local store (determined_trials.core._store): every write and read, errors, concurrency."""
+"""Tests for the local store (determined_trials.core.store._local): every write and read, errors, concurrency."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from determined_trials.core._store import LocalStore, NotFoundError
+from determined_trials.core.store._local import LocalStore, NotFoundError
 
 _CONFIG = {
     "name": "exp",

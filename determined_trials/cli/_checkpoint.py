@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from determined_trials._format import Column, emit, human_size
 from determined_trials.cli import _common
-from determined_trials.cli._format import Column, emit, human_size
 
 __all__ = ["register"]
 

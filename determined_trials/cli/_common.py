@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from determined_trials.core._store import LocalStore
+from determined_trials.core.store._local import LocalStore
 
 __all__ = [
     "DEFAULT_RUN_DIR",

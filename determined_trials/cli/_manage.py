@@ -13,11 +13,11 @@ from typing import Any
 
 import psutil
 
+from determined_trials._format import flat_hparams, local_time, text
 from determined_trials.cli import _common
-from determined_trials.cli._format import flat_hparams, local_time, text
 from determined_trials.cli._run import checkpoint_storage_for, group_of
-from determined_trials.core._owner import owner_alive, release_dead_owners
-from determined_trials.core._store import LocalStore
+from determined_trials.core.store._local import LocalStore
+from determined_trials.core.store._owner import owner_alive, release_dead_owners
 
 __all__ = ["register"]
 

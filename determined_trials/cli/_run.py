@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from determined_trials.cli import _common
-from determined_trials.core._store import LocalStore
+from determined_trials.core.store._local import LocalStore
 
 __all__ = ["checkpoint_storage_for", "group_of", "register", "trial_log_path"]
 
@@ -127,7 +127,7 @@ def _logs(args: argparse.Namespace) -> int:
 def _follow(store: LocalStore, trial_id: int, path: Path, offset: int) -> None:
     """Print what is appended to the log from ``offset`` on, until the trial stops running (or its
     experiment's process is gone)."""
-    from determined_trials.core._owner import release_dead_owners
+    from determined_trials.core.store._owner import release_dead_owners
 
     with open(path, "rb") as log:
         log.seek(offset)
@@ -146,8 +146,8 @@ def _follow(store: LocalStore, trial_id: int, path: Path, offset: int) -> None:
 
 def checkpoint_storage_for(store: object, uuid: str) -> object:
     """The storage backend that holds checkpoint ``uuid`` (from its experiment's config)."""
-    from determined_trials.core._store import LocalStore
     from determined_trials.core.storage import storage_from_spec
+    from determined_trials.core.store._local import LocalStore
 
     assert isinstance(store, LocalStore)
     record = store.checkpoint(uuid)

@@ -7,9 +7,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from determined_trials._format import Column, emit, flat_hparams, table
 from determined_trials.cli import _common
-from determined_trials.cli._format import Column, emit, flat_hparams, table
-from determined_trials.core._store import MetricRecord, Trial
+from determined_trials.core.store._local import MetricRecord, Trial
 
 __all__ = ["register", "write_trial_table"]
 
@@ -53,7 +53,7 @@ def write_trial_table(out: TextIO, trials: Sequence[Trial]) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from determined_trials.core._owner import release_dead_owners
+    from determined_trials.core.store._owner import release_dead_owners
 
     store = _common.open_store(args)
     release_dead_owners(store)  # trials of a killed runner or script show as PAUSED (resumable)

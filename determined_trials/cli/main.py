@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from determined_trials import __version__
 from determined_trials.cli import _checkpoint, _common, _experiment, _manage, _run, _tensorboard, _trial
-from determined_trials.core._store import NotFoundError
+from determined_trials.core.store._local import NotFoundError
 
 __all__ = ["build_parser", "main"]
 

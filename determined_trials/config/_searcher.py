@@ -16,8 +16,15 @@ __all__ = [
     "RandomSearcher",
     "SearcherConfig",
     "SingleSearcher",
+    "default_searcher",
 ]
 
+
+
+def default_searcher() -> dict[str, Any]:
+    """The searcher section of a run whose config names none (a plain script, ``from_config``): the schema
+    needs one; its metric is enforced only where the user wrote it."""
+    return {"name": "single", "metric": "validation_loss", "max_length": {"batches": 100}}
 
 
 def _max_concurrent() -> Any:

@@ -15,14 +15,14 @@ from determined_trials.core._searcher import (
     Unit,
 )
 from determined_trials.core._staged import StagedCheckpoint
-from determined_trials.core._store import (
+from determined_trials.core._train import EarlyExitReason, TensorboardMode, TrainContext
+from determined_trials.core.store._local import (
     CheckpointRecord,
     Experiment,
     LocalStore,
     MetricRecord,
     Trial,
 )
-from determined_trials.core._train import EarlyExitReason, TensorboardMode, TrainContext
 
 __all__ = [
     "CheckpointContext",

@@ -19,9 +19,7 @@ from typing import Any
 from determined_trials._info import ClusterInfo, TrialInfo, get_cluster_info
 from determined_trials.config import ExperimentConfig, load_config, sample_hparams
 from determined_trials.core._checkpoint import CheckpointContext
-from determined_trials.core._checkpoint_recovery import recover_checkpoints, remove_stale_staging
 from determined_trials.core._distributed import DistributedContext
-from determined_trials.core._owner import claim_experiment
 from determined_trials.core._preempt import PreemptContext, PreemptMode
 from determined_trials.core._profiler import ProfilerContext
 from determined_trials.core._searcher import (
@@ -29,10 +27,12 @@ from determined_trials.core._searcher import (
     SingleOperationSource,
     Unit,
 )
-from determined_trials.core._store import LocalStore
-from determined_trials.core._store_channel_client import open_store
 from determined_trials.core._train import EarlyExitReason, TensorboardMode, TrainContext
+from determined_trials.core.channel._client import open_store
 from determined_trials.core.storage import storage_from_spec
+from determined_trials.core.store._checkpoint_recovery import recover_checkpoints, remove_stale_staging
+from determined_trials.core.store._local import LocalStore
+from determined_trials.core.store._owner import claim_experiment
 from determined_trials.errors import InvalidHP, TrainingInterrupted
 
 __all__ = ["DEFAULT_RUN_DIR", "RUN_DIR_ENV", "Context", "init", "resolve_run_dir"]

@@ -11,12 +11,12 @@ import logging
 from typing import TYPE_CHECKING
 
 from determined_trials._info import TrialInfo
-from determined_trials.core._owner import claim_experiment
-from determined_trials.core._store_records import NotFoundError
+from determined_trials.core.store._owner import claim_experiment
+from determined_trials.core.store._records import NotFoundError
 
 if TYPE_CHECKING:
     from determined_trials.core._context import Context
-    from determined_trials.core._store import LocalStore
+    from determined_trials.core.store._local import LocalStore
 
 __all__ = ["latest_bare_checkpoint", "resume_bare_trial"]
 

@@ -17,12 +17,12 @@ from determined_trials.core._metrics import (
     scalar_items,
     to_json_metrics,
 )
-from determined_trials.core._report_buffer import DisplayFields, ReportBuffer
 from determined_trials.core._tensorboard import ScalarWriter, tag_for
+from determined_trials.core.store._report_buffer import DisplayFields, ReportBuffer
 
 if TYPE_CHECKING:
     from determined_trials.core._distributed import DistributedContext
-    from determined_trials.core._store import LocalStore
+    from determined_trials.core.store._local import LocalStore
 
 __all__ = ["EarlyExitReason", "TensorboardMode", "TrainContext"]
 

@@ -25,8 +25,8 @@ from determined_trials.deepspeed._data import (
 )
 from determined_trials.deepspeed._trial import DeepSpeedTrial
 from determined_trials.loop import DataShape, HookRunner, TrialState
-from determined_trials.pytorch._data_stream import TrainingStream
 from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
+from determined_trials.pytorch.data._stream import TrainingStream
 
 __all__ = ["DeepSpeedAdapter"]
 

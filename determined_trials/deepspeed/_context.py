@@ -4,18 +4,18 @@ layout (reducers, ``to_device``, TensorBoard and the stop flag come from ``Trial
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from determined_trials._trial_context import TrialContext
-from determined_trials.config import ExperimentConfig
+from determined_trials._trial_context import TrialContext, TrialIdentity
 from determined_trials.deepspeed._mpu import ModelParallelUnit, make_data_parallel_mpu, make_deepspeed_mpu
 from determined_trials.errors import ConfigError
 from determined_trials.pytorch._device import default_device
-from determined_trials.pytorch._position import TrainPosition
-from determined_trials.pytorch._services import TrialServices, trial_context_fields
+from determined_trials.pytorch._services import TrialServices
+from determined_trials.pytorch.data._position import TrainPosition
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from determined_trials.core import Context
 
 __all__ = ["DeepSpeedTrialContext"]
@@ -30,21 +30,14 @@ class DeepSpeedTrialContext(TrialContext, TrainPosition, TrialServices):
     has one process, torch.distributed is started for it, and TensorBoard files go to a temporary folder.
     """
 
-    _searcher_metric_named: bool = True
-    """Whether the config's searcher (and so searcher.metric) was written by the user (see det.pytorch.init)."""
-
     def __init__(
         self,
         *,
         core_context: Context | None = None,
-        config: ExperimentConfig | Mapping[str, Any] | None = None,
-        hparams: Mapping[str, Any] | None = None,
-        trial_seed: int | None = None,
-        trial_id: int | None = None,
-        experiment_id: int | None = None,
         enable_tensorboard_logging: bool = True,
+        **identity: Unpack[TrialIdentity],
     ) -> None:
-        super().__init__(**trial_context_fields(core_context, config, hparams, trial_seed, trial_id, experiment_id))
+        self._init_identity(core_context, identity)
         TrainPosition.__init__(self)
         if core_context is None:
             from determined_trials.deepspeed._distributed import start_deepspeed_distributed

@@ -7,9 +7,9 @@ import logging
 from collections.abc import Iterator, Sized
 from typing import Any
 
-from determined_trials.pytorch._data import DataLoader
-from determined_trials.pytorch._data_raw import wrap_raw_loader
-from determined_trials.pytorch.samplers import data_length
+from determined_trials.pytorch.data._loader import DataLoader
+from determined_trials.pytorch.data._raw import wrap_raw_loader
+from determined_trials.pytorch.data._samplers import data_length
 
 __all__ = ["CountingIterator", "require_opt_out", "training_stream", "validation_loader"]
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from determined_trials import core
 from determined_trials.deepspeed._adapter import DeepSpeedAdapter
 from determined_trials.deepspeed._context import DeepSpeedTrialContext
 from determined_trials.deepspeed._distributed import start_deepspeed_distributed
-from determined_trials.deepspeed._trial import DeepSpeedTrial, check_trial_class
+from determined_trials.deepspeed._trial import check_trial_class
 from determined_trials.loop import HookRunner, TrialAdapter
+from determined_trials.loop._fit import experiment_config, open_trial_context
 from determined_trials.pytorch import _trainer
 
 __all__ = ["Trainer", "init"]
@@ -34,7 +35,7 @@ def init(
     then works as ``det.pytorch.init()``: config and hparams from the launcher or the arguments, RNGs
     seeded from the trial seed. ``run_dir`` is a local addition.
     """
-    config, metric_named = _trainer._experiment_config(exp_conf, hparams)
+    config, metric_named = experiment_config(exp_conf, hparams)
     environment = start_deepspeed_distributed()
 
     def make_context(core_context: core.Context) -> DeepSpeedTrialContext:
@@ -43,7 +44,8 @@ def init(
         context._searcher_metric_named = metric_named
         return context
 
-    with _trainer.open_trial_context(make_context, config, distributed, lambda: environment, run_dir) as context:
+    with open_trial_context(make_context, config, distributed, lambda: environment, run_dir,
+                            _trainer.seed_everything) as context:
         yield context
 
 
@@ -51,13 +53,9 @@ class Trainer(_trainer.Trainer):
     """Trains a DeepSpeedTrial: ``Trainer(trial, context).fit(max_length=Epoch(5), ...)`` (the arguments
     of ``det.pytorch.Trainer.fit``)."""
 
-    def __init__(self, trial: DeepSpeedTrial, context: DeepSpeedTrialContext) -> None:
-        check_trial_class(type(trial))
-        if not isinstance(context, DeepSpeedTrialContext) or context._core is None:
-            raise TypeError("det.deepspeed.Trainer needs the context from `with det.deepspeed.init() as context:`")
-        self._trial = trial  # type: ignore[assignment]  # the PyTorch Trainer's loop code only builds callbacks
-        self._context = context  # type: ignore[assignment]
-        self.exit_reason = None
+    _family = "deepspeed"
+    _context_class: ClassVar[type] = DeepSpeedTrialContext
+    _check_trial_class = staticmethod(check_trial_class)
 
     def _make_adapter(self, hooks: HookRunner) -> TrialAdapter:
-        return DeepSpeedAdapter(self._trial, self._context, hooks)  # type: ignore[arg-type]
+        return DeepSpeedAdapter(self._trial, self._context, hooks)

@@ -1,11 +1,11 @@
 """Local experiments: ``det-trials experiment create`` / ``continue`` run a searcher's trials as
 processes, with restarts, pause/continue, logs and checkpoint garbage collection."""
 
-from determined_trials.experiment._gc import RetentionPolicy, collect_garbage, kept_checkpoints
+from determined_trials.core.store._retention import RetentionPolicy, collect_garbage, kept_checkpoints
+from determined_trials.experiment._errors import ExperimentError
 from determined_trials.experiment._report import Display, TrialSummary, summarize_trials, trials_table
 from determined_trials.experiment._runner import ExperimentRunner, Work
 from determined_trials.experiment._setup import (
-    ExperimentError,
     ExperimentResult,
     continue_experiment,
     create_experiment,

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from determined_trials.core._store import LocalStore
-from determined_trials.core._store_channel import StoreChannelServer
+from determined_trials.core.channel._server import StoreChannelServer
+from determined_trials.core.store._local import LocalStore
+from determined_trials.experiment._errors import ExperimentError
 from determined_trials.experiment._executor import TrialHandle, TrialJob
 from determined_trials.experiment._ray_node import TrialActor, pack_folder, probe_marker
-from determined_trials.experiment._setup import ExperimentError
 
 __all__ = ["DEFAULT_RAY_PARALLEL", "RayExecutor", "RayExecutorError", "ray_runner_options"]
 

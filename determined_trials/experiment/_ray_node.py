@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from determined_trials.core._store_channel import ChannelToken
-from determined_trials.core._store_channel_client import STORE_CHANNEL_ENV, RemoteStore
+from determined_trials.core.channel._client import STORE_CHANNEL_ENV, RemoteStore
+from determined_trials.core.channel._server import ChannelToken
 from determined_trials.experiment._launch import TrialLaunch, trial_command, trial_environment
 from determined_trials.experiment._process import TrialProcess
 

@@ -8,8 +8,8 @@ import sys
 import threading
 from typing import Any, TextIO
 
-from determined_trials.core._store import LocalStore, Trial
-from determined_trials.experiment._gc import checkpoint_scores
+from determined_trials.core.store._local import LocalStore, Trial
+from determined_trials.core.store._retention import checkpoint_scores
 
 __all__ = ["Display", "TrialSummary", "summarize_trials", "trials_table"]
 
@@ -93,7 +93,7 @@ def summarize_trials(store: LocalStore, experiment_id: int, metric: str, smaller
 
 def trials_table(summaries: list[TrialSummary], metric: str) -> str:
     """The final table as aligned text."""
-    from determined_trials.cli._format import Column, flat_hparams, table
+    from determined_trials._format import Column, flat_hparams, table
 
     columns = [Column("id", "TRIAL"), Column("hparams", "HPARAMS"), Column("state", "STATE"),
                Column("restarts", "RESTARTS"), Column("metric", f"BEST {metric}"),

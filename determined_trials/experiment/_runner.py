@@ -14,12 +14,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from determined_trials.core._checkpoint_recovery import recover_checkpoints
-from determined_trials.core._owner import claim_experiment
-from determined_trials.core._store import LocalStore
 from determined_trials.core.storage import storage_from_spec
+from determined_trials.core.store._checkpoint_recovery import recover_checkpoints
+from determined_trials.core.store._local import LocalStore
+from determined_trials.core.store._owner import claim_experiment
+from determined_trials.core.store._retention import RetentionPolicy, collect_garbage
 from determined_trials.experiment._executor import LocalExecutor, TrialExecutor, TrialHandle, TrialJob
-from determined_trials.experiment._gc import RetentionPolicy, collect_garbage
 from determined_trials.experiment._launch import TrialLaunch
 from determined_trials.experiment._report import Display
 from determined_trials.launch import PREEMPTED_EXIT_CODE

@@ -16,9 +16,10 @@ import yaml
 
 from determined_trials.config import ExperimentConfig, load_config
 from determined_trials.core._context import resolve_run_dir
-from determined_trials.core._owner import release_dead_owners
-from determined_trials.core._store import LocalStore
+from determined_trials.core.store._local import LocalStore
+from determined_trials.core.store._owner import release_dead_owners
 from determined_trials.errors import ConfigError
+from determined_trials.experiment._errors import ExperimentError
 from determined_trials.experiment._preflight import PreflightError, check_entrypoint
 from determined_trials.experiment._report import Display, TrialSummary, summarize_trials
 from determined_trials.experiment._runner import ExperimentRunner
@@ -29,10 +30,6 @@ __all__ = ["ExperimentError", "ExperimentResult", "continue_experiment", "create
 
 SearcherFactory = Callable[[ExperimentConfig], Any]
 CONFIG_FILE = "config.yaml"
-
-
-class ExperimentError(Exception):
-    """A problem the user fixes (wrong state, missing entrypoint); the CLI prints it, exit 2."""
 
 
 @dataclasses.dataclass(frozen=True)

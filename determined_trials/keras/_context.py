@@ -7,11 +7,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from determined_trials._trial_context import TrialContext
-from determined_trials.config import ExperimentConfig, load_config
+from determined_trials._trial_context import TrialContext, TrialIdentity
 from determined_trials.keras._backend import require_tensorflow_backend
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from determined_trials.core import Context
 
 __all__ = ["FitSettings", "TFKerasTrialContext"]
@@ -42,34 +43,19 @@ class TFKerasTrialContext(TrialContext):
         self,
         *,
         core_context: Context | None = None,
-        config: ExperimentConfig | Mapping[str, Any] | None = None,
-        hparams: Mapping[str, Any] | None = None,
-        trial_seed: int | None = None,
-        trial_id: int | None = None,
-        experiment_id: int | None = None,
         strategy: Any = None,
+        **identity: Unpack[TrialIdentity],
     ) -> None:
-        trial = core_context.info.trial if core_context is not None else None
-        if config is None and trial is not None:
-            config = trial.config
-        if config is None:
-            raise TypeError("TFKerasTrialContext needs `config` (an ExperimentConfig or dict) or a `core_context`")
-        parsed = config if isinstance(config, ExperimentConfig) else load_config(dict(config))
-        super().__init__(
-            config=parsed,
-            hparams=hparams if hparams is not None else (trial.hparams if trial else {}),
-            trial_seed=_first(trial_seed, trial and trial.trial_seed),
-            trial_id=_first(trial_id, trial and trial.trial_id),
-            experiment_id=_first(experiment_id, trial and trial.experiment_id),
-            distributed=core_context.distributed if core_context is not None else None,
-        )
-        self._core = core_context
+        self._init_identity(core_context, identity)
         self.strategy = strategy
         self.models: list[Any] = []
         self.optimizers: list[Any] = []
         self.fit_settings = FitSettings()
         self._wrapped_datasets: list[Any] = []
         self._stop_requested = False
+
+    def _close(self) -> None:
+        """The trainer's hook at shutdown: a Keras context holds nothing to release."""
 
     # -- wrapping -------------------------------------------------------------------------------
 
@@ -139,9 +125,3 @@ class TFKerasTrialContext(TrialContext):
     def get_stop_requested(self) -> bool:
         """Whether a stop was requested (``set_stop_requested(True)`` or ``model.stop_training``)."""
         return self._stop_requested
-
-
-def _first(given: int | None, from_trial: Any) -> int:
-    if given is not None:
-        return given
-    return from_trial if isinstance(from_trial, int) and not isinstance(from_trial, bool) else 0

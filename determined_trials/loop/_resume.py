@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from determined_trials._info import get_cluster_info
 from determined_trials.core._resume import latest_bare_checkpoint, resume_bare_trial
-from determined_trials.core._store_records import NotFoundError
+from determined_trials.core.store._records import NotFoundError
 from determined_trials.errors import TrainingInterrupted
 
 if TYPE_CHECKING:

@@ -24,10 +24,10 @@ from determined_trials.pytorch._checkpoint_io import (
     write_trial_state,
 )
 from determined_trials.pytorch._context import PyTorchTrialContext
-from determined_trials.pytorch._data import DataLoader
-from determined_trials.pytorch._data_raw import is_reproducible_loader, wrap_raw_loader
 from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
 from determined_trials.pytorch._trial import PyTorchTrial, evaluate_takes_batch_idx
+from determined_trials.pytorch.data._loader import DataLoader
+from determined_trials.pytorch.data._raw import is_reproducible_loader, wrap_raw_loader
 
 __all__ = ["PyTorchAdapter"]
 

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from determined_trials.loop import HookRunner, TrialState
-from determined_trials.pytorch._data_stream import TrainingStream
 from determined_trials.pytorch._metrics import TrainingMetrics
+from determined_trials.pytorch.data._stream import TrainingStream
 
 if TYPE_CHECKING:
     from determined_trials.pytorch._context import PyTorchTrialContext

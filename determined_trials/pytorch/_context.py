@@ -4,22 +4,24 @@ scalers and reducers, to step with gradient aggregation and AMP, and to reach Te
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from determined_trials._trial_context import TrialContext
+from determined_trials._trial_context import TrialContext, TrialIdentity
 from determined_trials.config import ExperimentConfig
 from determined_trials.errors import ConfigError
 from determined_trials.pytorch import _amp, _ddp, _stepping
 from determined_trials.pytorch._device import default_device
 from determined_trials.pytorch._experimental import PyTorchExperimentalContext
 from determined_trials.pytorch._lr_scheduler import LRScheduler
-from determined_trials.pytorch._position import TrainPosition
-from determined_trials.pytorch._services import TrialServices, trial_context_fields
+from determined_trials.pytorch._services import TrialServices
+from determined_trials.pytorch.data._position import TrainPosition
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from determined_trials.core import Context
 
 __all__ = ["PyTorchTrialContext"]
@@ -37,23 +39,16 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
     debugging) the job has one process and TensorBoard files go to a temporary folder.
     """
 
-    _searcher_metric_named: bool = True
-    """False when ``det.pytorch.init`` filled in the searcher: no metric is then enforced."""
-
     def __init__(
         self,
         *,
         core_context: Context | None = None,
-        config: ExperimentConfig | Mapping[str, Any] | None = None,
-        hparams: Mapping[str, Any] | None = None,
-        trial_seed: int | None = None,
-        trial_id: int | None = None,
-        experiment_id: int | None = None,
         aggregation_frequency: int = 1,
         enable_tensorboard_logging: bool = True,
         device: torch.device | str | None = None,
+        **identity: Unpack[TrialIdentity],
     ) -> None:
-        super().__init__(**trial_context_fields(core_context, config, hparams, trial_seed, trial_id, experiment_id))
+        self._init_identity(core_context, identity)
         TrainPosition.__init__(self)
         self._aggregation_frequency = _resolve_aggregation(aggregation_frequency, self.config)
         self._average_grads: dict[int, bool] = {}

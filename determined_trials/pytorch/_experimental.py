@@ -3,22 +3,26 @@ whose flags the trainer reads."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
-
-    from determined_trials.pytorch._context import PyTorchTrialContext
 
 __all__ = ["SNAPSHOT_MIN_BYTES", "PyTorchExperimentalContext"]
 
 SNAPSHOT_MIN_BYTES = 4 << 20  # states this large are copied and serialised off the training thread
 
 
+class _AmpOwner(Protocol):
+    """What the switches need of their context (the ``PyTorchTrialContext``, which imports this module)."""
+
+    def _use_amp(self, dtype: torch.dtype | None) -> None: ...
+
+
 class PyTorchExperimentalContext:
     """Experimental features of a `PyTorchTrialContext` (`context.experimental`)."""
 
-    def __init__(self, context: PyTorchTrialContext) -> None:
+    def __init__(self, context: _AmpOwner) -> None:
         self._context = context
         self._auto_to_device = True
         self._dataset_checks = True

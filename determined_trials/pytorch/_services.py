@@ -7,13 +7,12 @@ from __future__ import annotations
 import logging
 import tempfile
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from determined_trials.config import ExperimentConfig, load_config
 from determined_trials.pytorch._device import to_device
 from determined_trials.pytorch._reducer import MetricReducer, ReducerRegistry
 from determined_trials.pytorch._tensorboard import make_profiler, make_summary_writer
@@ -21,7 +20,7 @@ from determined_trials.pytorch._tensorboard import make_profiler, make_summary_w
 if TYPE_CHECKING:
     from determined_trials.core import Context
 
-__all__ = ["TrialServices", "trial_context_fields"]
+__all__ = ["TrialServices"]
 
 logger = logging.getLogger("determined_trials.pytorch")
 
@@ -29,11 +28,10 @@ logger = logging.getLogger("determined_trials.pytorch")
 class TrialServices:
     """Mixin of the PyTorch and DeepSpeed trial contexts; ``_init_services`` sets its fields."""
 
-    _core: Context | None
+    _core: Context | None  # set by TrialContext._init_identity
 
     def _init_services(self, core_context: Context | None, enable_tensorboard_logging: bool,
                        device: torch.device) -> None:
-        self._core = core_context
         self._device = device
         self._moved_warned: set[type] = set()
         self.reducers = ReducerRegistry()
@@ -120,34 +118,3 @@ class TrialServices:
             self._tb_writer.close()
             self._tb_writer = None
 
-
-def trial_context_fields(
-    core_context: Context | None, config: ExperimentConfig | Mapping[str, Any] | None,
-    hparams: Mapping[str, Any] | None, trial_seed: int | None, trial_id: int | None, experiment_id: int | None,
-) -> dict[str, Any]:
-    """`TrialContext`'s arguments: the values given, else those of the Core API context's trial, else defaults."""
-    trial = core_context.info.trial if core_context is not None else None
-    return {
-        "config": _resolve_config(config, None if trial is None else trial.config),
-        "hparams": hparams if hparams is not None else (trial.hparams if trial else {}),
-        "trial_seed": _pick(trial_seed, trial and trial.trial_seed, 0),
-        "trial_id": _pick(trial_id, trial and trial.trial_id, 0),
-        "experiment_id": _pick(experiment_id, trial and trial.experiment_id, 0),
-        "distributed": core_context.distributed if core_context is not None else None,
-    }
-
-
-def _pick(given: int | None, from_trial: int | None | Any, default: int) -> int:
-    if given is not None:
-        return given
-    return from_trial if isinstance(from_trial, int) and not isinstance(from_trial, bool) else default
-
-
-def _resolve_config(config: Any, trial_config: Mapping[str, Any] | None) -> ExperimentConfig:
-    if isinstance(config, ExperimentConfig):
-        return config
-    if config is not None:
-        return load_config(dict(config))
-    if trial_config is not None:
-        return load_config(dict(trial_config))
-    raise TypeError("PyTorchTrialContext needs `config` (an ExperimentConfig or dict) or a `core_context`")

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from determined_trials.core._store import LocalStore
+    from determined_trials.core.store._local import LocalStore
 
 __all__ = ["HOLD_S", "DisplayFields", "ReportBuffer"]
 

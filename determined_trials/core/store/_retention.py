@@ -9,9 +9,9 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from determined_trials.core._checkpoint_recovery import recover_checkpoints
-from determined_trials.core._store import CheckpointRecord, LocalStore
 from determined_trials.core.storage import StorageManager
+from determined_trials.core.store._checkpoint_recovery import recover_checkpoints
+from determined_trials.core.store._local import CheckpointRecord, LocalStore
 
 __all__ = ["RetentionPolicy", "checkpoint_scores", "collect_bare_trial_garbage", "collect_garbage", "kept_checkpoints"]
 

@@ -1,4 +1,5 @@
-"""Output for ``det-trials``: aligned text tables, CSV and strict JSON, and how single values print."""
+"""Text output shared by `det-trials` and the experiment runner's report: aligned tables, CSV and strict JSON,
+and how single values print."""
 
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from determined_trials.core import _store_schema
-from determined_trials.core._store_reads import StoreReads
-from determined_trials.core._store_records import (
+from determined_trials.core.store import _schema
+from determined_trials.core.store._reads import StoreReads
+from determined_trials.core.store._records import (
     CheckpointRecord,
     Experiment,
     MetricRecord,
@@ -71,7 +71,7 @@ class LocalStore(StoreReads):
         self._lock = threading.RLock()
         with self._locked() as conn:
             try:
-                _store_schema.ensure_schema(conn, self.db_path)
+                _schema.ensure_schema(conn, self.db_path)
             except sqlite3.DatabaseError as exc:
                 raise RuntimeError(f"{self.db_path} is not a usable store: {exc}") from exc
 
@@ -95,7 +95,7 @@ class LocalStore(StoreReads):
         with self._lock:
             if self._conn_ is None:
                 try:
-                    self._conn_ = _store_schema.connect(self.db_path)
+                    self._conn_ = _schema.connect(self.db_path)
                 except sqlite3.DatabaseError as exc:
                     raise RuntimeError(f"{self.db_path} is not a usable store: {exc}") from exc
             yield self._conn_

@@ -9,7 +9,7 @@ from typing import Any
 
 import zmq
 
-from determined_trials.core._addresses import (
+from determined_trials.core.transport._addresses import (
     ensure_unused,
     ipc_endpoint,
     ipc_supported,
@@ -18,9 +18,9 @@ from determined_trials.core._addresses import (
     tcp_connect_endpoint,
     tcp_port,
 )
-from determined_trials.core._transport_chief import ChiefEnd, Hellos
-from determined_trials.core._transport_common import Layout, StarSpec
-from determined_trials.core._transport_worker import WorkerEnd
+from determined_trials.core.transport._chief import ChiefEnd, Hellos
+from determined_trials.core.transport._common import Layout, StarSpec
+from determined_trials.core.transport._worker import WorkerEnd
 
 __all__ = ["End", "Layout", "Transport", "check_layouts"]
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
-from determined_trials.pytorch._data_stream import StreamLifecycle, shutdown_loader_iterator
+from determined_trials.pytorch.data._stream import StreamLifecycle, shutdown_loader_iterator
 
 __all__ = ["RawLoaderStream", "is_reproducible_loader", "wrap_raw_loader"]
 
 
 def is_reproducible_loader(obj: Any) -> bool:
     """True for a ``det.pytorch.DataLoader`` (the harness builds the reproducible chain from it)."""
-    from determined_trials.pytorch._data import DataLoader
+    from determined_trials.pytorch.data._loader import DataLoader
 
     return isinstance(obj, DataLoader)
 

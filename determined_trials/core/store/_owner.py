@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 if TYPE_CHECKING:
-    from determined_trials.core._store import LocalStore
+    from determined_trials.core.store._local import LocalStore
 
 __all__ = ["claim_experiment", "owner_alive", "release_dead_owners"]
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from determined_trials.pytorch._data_plan import (
+from determined_trials.pytorch.data._plan import (
     BatchSamplerPlan,
     DefaultOrders,
     GroupedPlan,
@@ -22,8 +22,8 @@ from determined_trials.pytorch._data_plan import (
     derive_seed_words,
     validate_layout,
 )
-from determined_trials.pytorch._data_stream import PositionSeededDataset, StreamBatchSampler, TrainingStream
-from determined_trials.pytorch.samplers import DistributedBatchSampler, RepeatBatchSampler, SkipBatchSampler
+from determined_trials.pytorch.data._samplers import DistributedBatchSampler, RepeatBatchSampler, SkipBatchSampler
+from determined_trials.pytorch.data._stream import PositionSeededDataset, StreamBatchSampler, TrainingStream
 
 __all__ = ["DataLoader", "ValidationLoader"]
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from determined_trials.pytorch._data_plan import Plan, worker_seed_words
+from determined_trials.pytorch.data._plan import Plan, worker_seed_words
 
 __all__ = ["PositionSeededDataset", "StreamBatchSampler", "TrainingStream", "shutdown_loader_iterator"]
 

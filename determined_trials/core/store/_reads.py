@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from determined_trials.core import _store_records as _rec
-from determined_trials.core._store_records import (
+from determined_trials.core.store import _records as _rec
+from determined_trials.core.store._records import (
     CheckpointRecord,
     Experiment,
     MetricRecord,

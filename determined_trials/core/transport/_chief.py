@@ -11,7 +11,7 @@ from typing import Any
 
 import zmq
 
-from determined_trials.core._transport_common import (
+from determined_trials.core.transport._common import (
     ABORT,
     BYE,
     FAIL,

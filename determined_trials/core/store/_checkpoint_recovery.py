@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from determined_trials.core.storage import StorageManager
 
 if TYPE_CHECKING:
-    from determined_trials.core._store import LocalStore
+    from determined_trials.core.store._local import LocalStore
 
 __all__ = ["STALE_STAGING_S", "recover_checkpoints", "remove_stale_staging"]
 

@@ -1,0 +1,10 @@
+"""The store channel: a remote trial's way to the runner's local store (an authenticated pyzmq
+request/reply channel), used when trials run away from the runner's machine (Ray).
+
+Owns the runner's server (``_server``: ``StoreChannelServer``, ``ChannelToken``) and the trial's client
+(``_client``: ``RemoteStore``, ``open_store``), which answers the same calls as ``LocalStore``.
+
+A room of its own, not part of ``core.transport``: its peers (runner and trial, not the ranks of one job),
+its lifetime and its authentication differ from the collectives', and it depends on the store while the
+collectives must not. May import: ``core.store``, ``errors``. Never ``core.transport`` nor any framework.
+"""

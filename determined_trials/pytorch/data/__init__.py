@@ -1,0 +1,11 @@
+"""The PyTorch data chain: from a ``det.pytorch.DataLoader`` (or a plain torch one) to the reproducible
+training stream and the validation shards.
+
+Owns ``DataLoader`` (``_loader``), the plans that decide each epoch's order and each rank's share
+(``_plan``), the training stream that resumes mid-epoch (``_stream``), plain torch loaders (``_raw``),
+lengths (``_length``), the trial's position in the data (``_position``) and the samplers (``_samplers``,
+public as ``det.pytorch.samplers``). The DeepSpeed and Keras adapters lean on it too.
+
+May import: torch, ``loop`` (units, ``_data_order``), ``errors``. Nothing else of ``pytorch``: the
+adapter, contexts and trainer sit above it.
+"""
