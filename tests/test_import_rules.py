@@ -1,7 +1,9 @@
-"""The layer rules of DESIGN.md: core/ and loop/ never import torch or tensorflow."""
+"""The layer rules of docs/architecture.md: core/ and loop/ never import torch or tensorflow; every room imports
+only the rooms below it, and no module imports itself back through others."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -85,3 +87,158 @@ def test_the_torch_packages_import_no_deepspeed(module: str) -> None:
     """deepspeed is imported when an engine is wrapped or det.deepspeed.init() runs, not before."""
     loaded = _modules_after(f"import {module}")
     assert "deepspeed" not in {m.split(".")[0] for m in loaded}
+
+
+# -- the rooms of docs/architecture.md and who may import whom -----------------------------------------------
+
+PACKAGE = Path(__file__).resolve().parent.parent / "determined_trials"
+_BASE = {"errors", "_info", "_compat", "_format"}
+_CORE = {"core", "core.store", "core.storage", "core.transport", "core.channel"}
+_BELOW_PYTORCH = _BASE | _CORE | {"config", "loop", "_trial_context"}
+_BELOW_LAUNCH = _BELOW_PYTORCH | {"searcher", "pytorch", "pytorch.data", "deepspeed", "keras", "testing"}
+
+# room -> the rooms its modules may import (a room always imports itself). The longest room that prefixes
+# a module's dotted name (below determined_trials) is its room; "" is the package's own __init__.
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(), "_info": set(), "_compat": set(), "_format": set(),
+    "config": {"errors"},
+    "core.transport": {"errors"},
+    "core.storage": {"errors"},
+    "core.store": {"core.storage", "config", "errors"},
+    "core.channel": {"core.store", "errors"},
+    "core": _CORE | {"config", "errors", "_info"},
+    "searcher": {"config", "errors"},
+    "loop": _CORE | {"config", "errors", "_info"},
+    "_trial_context": {"config", "core", "errors"},
+    "pytorch.data": {"loop", "errors"},
+    "pytorch": _BELOW_PYTORCH | {"pytorch.data"},
+    "deepspeed": _BELOW_PYTORCH | {"pytorch", "pytorch.data"},
+    "keras": _BELOW_PYTORCH,
+    "testing": _CORE | {"loop", "errors"},
+    "launch": _BELOW_LAUNCH,
+    "experiment": _BELOW_LAUNCH | {"launch"},
+    "cli": _BELOW_LAUNCH | {"launch", "experiment", ""},
+    "": _BELOW_LAUNCH | {"launch", "experiment", "cli"},
+}
+# Named exceptions (module, module), each for a public import path that must stay where Determined has it.
+EXCEPTIONS = {
+    ("pytorch.deepspeed", "deepspeed"),  # `det.pytorch.deepspeed` is det.deepspeed itself (the original's path)
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports anywhere in its source (TYPE_CHECKING and function-level
+    imports included: a circle through them is still a circle to a reader)."""
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ["determined_trials", *name.split(".")] if name else ["determined_trials"]
+                base = base if is_package else base[:-1]
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            submodules = [f"{module}.{a.name}" for a in node.names]
+            inside = [m for m in submodules if m.removeprefix("determined_trials.").removeprefix("determined_trials")
+                      in modules]
+            targets = inside if len(inside) == len(submodules) else [module, *inside]
+        for target in targets:
+            if target == "determined_trials" or target.startswith("determined_trials."):
+                short = target.removeprefix("determined_trials").removeprefix(".")
+                while short not in modules and "." in short:
+                    short = short.rsplit(".", 1)[0]
+                if short in modules and short != name:
+                    found.add(short)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _room(module: str) -> str:
+    rooms = sorted((r for r in ALLOWED if r and (module == r or module.startswith(r + "."))), key=len)
+    return rooms[-1] if rooms else ""
+
+
+def test_every_module_has_a_room() -> None:
+    homeless = [m for m in _modules() if m and _room(m) == ""]
+    assert not homeless, f"modules in no room of ALLOWED (add the room and its rules): {homeless}"
+
+
+def test_imports_follow_the_rooms_directions() -> None:
+    wrong = []
+    for module, targets in _graph().items():
+        room = _room(module)
+        for target in targets:
+            other = _room(target)
+            if other != room and other not in ALLOWED[room] and (module, target) not in EXCEPTIONS:
+                wrong.append(f"{module} -> {target} ({room or 'determined_trials'} may not import {other})")
+    assert not wrong, "imports against docs/architecture.md's directions:\n" + "\n".join(sorted(wrong))
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def test_no_import_circles() -> None:
+    circles = _circles(_graph())
+    assert not circles, "import circles (break each by moving the shared piece below both):\n" + "\n".join(
+        " <-> ".join(c) for c in circles)
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []

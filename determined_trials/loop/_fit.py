@@ -21,7 +21,6 @@ from determined_trials.loop._resume import interrupt_stops_training, resolve_res
 from determined_trials.loop._units import Batch, TrainUnit
 
 if TYPE_CHECKING:
-    from determined_trials._trial_context import TrialContext
     from determined_trials.config._searcher import SearcherConfig
 
 __all__ = ["TrainerFront", "experiment_config", "open_trial_context"]
@@ -145,8 +144,7 @@ class TrainerFront:
 
     def _searcher_metric(self, searcher: SearcherConfig) -> str | None:
         """The validation metric the loop ranks checkpoints by: the config's, when the user named one."""
-        context: TrialContext = self._context
-        return searcher.metric if context._searcher_metric_named else None
+        return searcher.metric if self._context._searcher_metric_named else None
 
     def _make_hooks_and_adapter(self) -> tuple[HookRunner, TrialAdapter]:
         """The hooks (user callbacks first) and the loop's adapter for this trainer's trial."""
