@@ -1,1 +1,5 @@
-"""determined_trials.cli: see DESIGN.md (filled in by later issues)."""
+"""The ``det-trials`` command: experiments, trials and checkpoints of a run folder (``main`` parses the
+arguments; one module per command group; tables, logs, kill and delete).
+
+May import any room below it (``experiment``, ``launch``, ``core`` and its store, ``config``).
+"""

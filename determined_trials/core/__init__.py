@@ -1,6 +1,8 @@
-"""The Core API (``det.core``): init, Context and its contexts, storage and the local store.
+"""The Core API (``det.core``): init, Context and its contexts; its rooms hold checkpoint storage
+(``storage/``), the local store (``store/``), the store channel of remote trials (``channel/``) and the
+collectives' transport (``transport/``).
 
-Imports neither torch nor tensorflow.
+May import: its rooms, ``config``, ``errors``, ``_info``. Imports neither torch nor tensorflow.
 """
 
 from determined_trials.core._checkpoint import CheckpointContext, DownloadMode

@@ -1,6 +1,8 @@
-"""The framework-agnostic loop: units, schedule, trial state, hook order, controller.
+"""The framework-agnostic loop: units, schedule, trial state, hook order, controller, and the one ``fit``
+front every family's ``Trainer`` shares (``_fit``).
 
-Imports neither torch nor tensorflow; the PyTorch, DeepSpeed and Keras adapters run under it.
+May import: ``core`` (and its rooms), ``config``, ``errors``, ``_info``. Imports neither torch nor
+tensorflow; the PyTorch, DeepSpeed and Keras adapters run under it.
 """
 
 from determined_trials.loop._adapter import DataShape, TrialAdapter
