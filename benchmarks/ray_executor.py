@@ -65,8 +65,8 @@ def _overhead_ms(executor: str, trials: int, folder: Path) -> float:
 
 def _writer(address: str | None, run_dir: str, trial_id: int, rows: int, barrier: Any, out: Any) -> None:
     from determined_trials.core import LocalStore
-    from determined_trials.core.channel._server import ChannelToken
     from determined_trials.core.channel._client import RemoteStore
+    from determined_trials.core.channel._server import ChannelToken
 
     store: Any = RemoteStore(ChannelToken.loads(address), run_dir) if address else LocalStore(run_dir)
     store.trial(trial_id)  # connect before the clock starts
