@@ -3,7 +3,9 @@
 ``state_dict.pth`` holds models, optimizers, LR schedulers, scalers, callbacks and every RNG, all
 as tensors and plain values so it loads with ``torch.load(weights_only=True)``; ``load_data.json``
 names the trial class, hyperparameters and config so ``load_trial_from_checkpoint_path`` can
-rebuild the trial.
+rebuild the trial. The file is always read into host memory: RNG states must stay there, and
+``load_state_dict`` copies weights and optimizer state to wherever the model lives, so a checkpoint
+written on a GPU resumes on a CPU-only machine and the other way round.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import copy as _copy
 import itertools
 import json
+import logging
 import pickle
 import random
 from pathlib import Path
@@ -33,12 +36,15 @@ __all__ = [
     "capture_rng",
     "host_copy",
     "load_trial_state",
+    "restore_cuda_rng",
     "restore_rng",
     "save_trial_state",
     "snapshot_trial_state",
     "write_load_data",
     "write_trial_state",
 ]
+
+logger = logging.getLogger("determined_trials.pytorch")
 
 STATE_FILE = "state_dict.pth"
 LOAD_DATA_FILE = "load_data.json"
@@ -65,19 +71,42 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    """Put back what ``capture_rng`` returned."""
+    """Put back what ``capture_rng`` returned; its tensors may be on any device (they are read back
+    on the host first). CUDA RNG states are restored on every device when this machine has as many
+    GPUs as the one that saved them, else on the devices both have (with a warning)."""
     py = state["random_rng_state"]
-    random.setstate((int(py["version"]), tuple(int(w) for w in py["words"].tolist()), py["gauss"]))
+    random.setstate((int(py["version"]), tuple(int(w) for w in _host(py["words"]).tolist()), py["gauss"]))
     npy = state["np_rng_state"]
     np.random.set_state({
         "bit_generator": "MT19937",
-        "state": {"key": npy["key"].numpy().astype(np.uint32), "pos": int(npy["pos"])},
+        "state": {"key": _host(npy["key"]).numpy().astype(np.uint32), "pos": int(npy["pos"])},
         "has_gauss": int(npy["has_gauss"]),
         "gauss": float(npy["gauss"]),
     })
-    torch.set_rng_state(state["cpu_rng_state"])
-    if "gpu_rng_states" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["gpu_rng_states"])
+    torch.set_rng_state(_host(state["cpu_rng_state"]))
+    saved_cuda = state.get("gpu_rng_states")
+    if saved_cuda and torch.cuda.is_available():
+        restore_cuda_rng([_host(s) for s in saved_cuda])
+
+
+def restore_cuda_rng(states: list[torch.Tensor]) -> None:
+    """Set every CUDA device's RNG state from ``states`` (host ByteTensors, one per device saved)."""
+    count = torch.cuda.device_count()
+    if len(states) == count:
+        torch.cuda.set_rng_state_all(states)
+        return
+    logger.warning(
+        "the checkpoint holds CUDA RNG states of %d device(s) but this machine has %d; restored on the "
+        "first %d only, so random numbers drawn on the others differ from an uninterrupted run",
+        len(states), count, min(len(states), count),
+    )
+    for index, rng in enumerate(states[:count]):
+        torch.cuda.set_rng_state(rng, index)
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in host memory (RNG states are read there; a copy only when it is elsewhere)."""
+    return tensor if tensor.device.type == "cpu" else tensor.cpu()
 
 
 def _inner(model: torch.nn.Module) -> torch.nn.Module:
@@ -200,14 +229,16 @@ def host_copy(value: Any, reuse: Any = None) -> Any:
     return _copy.deepcopy(value)
 
 
-def read_state_file(path: Path, device: torch.device | str = "cpu", *, weights_only: bool = True) -> dict[str, Any]:
-    """Load ``state_dict.pth`` safely (weights_only, unless the caller opted out) with clear errors
-    when it is missing or holds pickled objects (e.g. a Determined 0.38 checkpoint's numpy RNG state)."""
+def read_state_file(path: Path, *, weights_only: bool = True) -> dict[str, Any]:
+    """Load ``state_dict.pth`` into host memory, safely (weights_only, unless the caller opted out), with
+    clear errors when it is missing or holds pickled objects (e.g. a Determined 0.38 checkpoint's numpy
+    RNG state). Whatever device wrote a tensor, it is read to the CPU: ``load_state_dict`` then copies
+    weights and optimizer state to the model's device, and RNG states never leave the host."""
     state_file = path / STATE_FILE
     if not state_file.exists():
         raise FileNotFoundError(f"{path} has no {STATE_FILE}: it is not a PyTorchTrial checkpoint")
     try:
-        loaded: dict[str, Any] = torch.load(state_file, map_location=device, weights_only=weights_only)
+        loaded: dict[str, Any] = torch.load(state_file, map_location="cpu", weights_only=weights_only)
     except pickle.UnpicklingError as err:
         if not weights_only:
             raise
@@ -222,7 +253,7 @@ def read_state_file(path: Path, device: torch.device | str = "cpu", *, weights_o
 
 def load_trial_state(path: Path, context: PyTorchTrialContext, hooks: HookRunner) -> None:
     """Restore models, optimizers, schedulers, scalers, callbacks and RNGs from ``path``."""
-    checkpoint = read_state_file(path, context.device)
+    checkpoint = read_state_file(path)
     hooks.call("on_checkpoint_load_start", checkpoint)
     load_models(checkpoint, context.models, path)
     _load_list("optimizer", checkpoint["optimizers_state_dict"], context.optimizers, path)

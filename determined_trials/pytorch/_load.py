@@ -37,7 +37,8 @@ def load_trial_from_checkpoint_path(
 
     ``trial_class`` defaults to the class named in the checkpoint (imported as is, else from its
     ``code/`` folder); ``trial_kwargs`` go to its constructor after the context. Only model weights
-    are loaded (not optimizers), on the CPU unless ``torch_load_kwargs={"map_location": ...}``.
+    are loaded (not optimizers), into a model on the CPU unless ``torch_load_kwargs={"map_location": ...}``
+    names its device (the file itself is always read into host memory first).
     The load is ``weights_only`` unless ``torch_load_kwargs={"weights_only": False}``: Determined 0.38
     checkpoints pickle numpy RNG state, so they need that opt-in (only for files you trust).
     """
@@ -58,7 +59,7 @@ def load_trial_from_checkpoint_path(
     hparams = load_data.get("hparams") or {}
     context = PyTorchTrialContext(config=_recorded_config(load_data, hparams), hparams=hparams, device=device)
     trial = cls(context, **dict(trial_kwargs or {}))
-    checkpoint = read_state_file(folder, context.device, weights_only=weights_only)
+    checkpoint = read_state_file(folder, weights_only=weights_only)
     load_models(checkpoint, context.models, folder)
     return trial
 

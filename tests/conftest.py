@@ -1,0 +1,26 @@
+"""Fixtures every test module may use: ``cpu_device`` for tests whose expectations hold on the CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def cpu_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This test needs the CPU: trial contexts built without ``device=`` pick the CPU even where CUDA is
+    available, and child processes (launchers, workers) see no GPU."""
+    import torch
+
+    from determined_trials.deepspeed import _context as deepspeed_context
+    from determined_trials.pytorch import _context as pytorch_context
+
+    def cpu(local_rank: int, size: int) -> Any:
+        return torch.device("cpu")
+
+    monkeypatch.setattr(pytorch_context, "default_device", cpu)
+    monkeypatch.setattr(deepspeed_context, "default_device", cpu)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    yield
