@@ -24,6 +24,7 @@ import torch
 import torch.utils.serialization  # noqa: F401 - torch.save imports it on first use: not in the first checkpoint
 
 from determined_trials.loop import HookRunner
+from determined_trials.pytorch._ddp import plain_module, plain_state_dict
 
 if TYPE_CHECKING:
     from determined_trials._trial_context import TrialContext
@@ -109,14 +110,11 @@ def _host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.device.type == "cpu" else tensor.cpu()
 
 
-def _inner(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-
-
 def build_state_dict(context: PyTorchTrialContext, hooks: HookRunner) -> dict[str, Any]:
-    """Everything resumable of a trial, as one dict."""
+    """Everything resumable of a trial, as one dict; models under the keys of the user's modules
+    (no DDP ``module.`` or ``torch.compile`` ``_orig_mod.`` prefix)."""
     return {
-        "models_state_dict": [_inner(m).state_dict() for m in context.models],
+        "models_state_dict": [plain_module(m).state_dict() for m in context.models],
         "optimizers_state_dict": [o.state_dict() for o in context.optimizers],
         "lr_schedulers_state_dict": [s.state_dict() for s in context.lr_schedulers],
         "scalers_state_dict": [s.state_dict() for s in context.scalers],
@@ -133,13 +131,13 @@ def _pending_gradients(context: PyTorchTrialContext) -> list[list[torch.Tensor |
     """
     if context._aggregation_frequency == 1:
         return []
-    return [[None if p.grad is None else p.grad.detach().clone() for p in _inner(m).parameters()]
+    return [[None if p.grad is None else p.grad.detach().clone() for p in plain_module(m).parameters()]
             for m in context.models]
 
 
 def _restore_pending_gradients(saved: list[list[torch.Tensor | None]], models: list[torch.nn.Module]) -> None:
     for model, grads in zip(models, saved):
-        for param, grad in zip(_inner(model).parameters(), grads):
+        for param, grad in zip(plain_module(model).parameters(), grads):
             param.grad = None if grad is None else grad.to(param.device)
 
 
@@ -265,7 +263,8 @@ def load_trial_state(path: Path, context: PyTorchTrialContext, hooks: HookRunner
 
 
 def load_models(checkpoint: dict[str, Any], models: list[torch.nn.Module], path: Path) -> None:
-    """Load every wrapped model's weights; a mismatch says which model and why."""
+    """Load every wrapped model's weights into the user's module (compiled or not; a compiled wrapper's
+    ``_orig_mod.`` keys of older checkpoints are read as plain keys); a mismatch says which model and why."""
     saved = checkpoint.get("models_state_dict")
     if saved is None and "model_state_dict" in checkpoint:  # the single-model key of old checkpoints
         saved = [checkpoint["model_state_dict"]]
@@ -274,10 +273,11 @@ def load_models(checkpoint: dict[str, Any], models: list[torch.nn.Module], path:
     _check_count("model", saved, models, path)
     for index, (model, state) in enumerate(zip(models, saved)):
         try:
-            _inner(model).load_state_dict(state)
+            module = plain_module(model)
+            module.load_state_dict(plain_state_dict(state, module))
         except RuntimeError as err:
             raise RuntimeError(
-                f"checkpoint {path} does not fit model {index} ({type(_inner(model)).__name__}): {err}\n"
+                f"checkpoint {path} does not fit model {index} ({type(plain_module(model)).__name__}): {err}\n"
                 "Resume into the same model architecture (and hyperparameters) that wrote the checkpoint."
             ) from None
 

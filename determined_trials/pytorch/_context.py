@@ -275,8 +275,8 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
     # -- trainer state, TensorBoard, profiler ---------------------------------------------------
 
     def _inner_models(self) -> list[torch.nn.Module]:
-        """The user's modules (DDP wrappers removed), e.g. for state dicts without `module.`."""
-        return [_ddp.unwrap(model) for model in self.models]
+        """The user's modules (DDP and torch.compile wrappers removed), e.g. for state dicts with plain keys."""
+        return [_ddp.plain_module(model) for model in self.models]
 
 
 def _resolve_aggregation(argument: int, config: ExperimentConfig) -> int:
