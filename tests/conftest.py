@@ -11,7 +11,7 @@ import pytest
 @pytest.fixture
 def cpu_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This test needs the CPU: trial contexts built without ``device=`` pick the CPU even where CUDA is
-    available, and child processes (launchers, workers) see no GPU."""
+    available, and child processes (launchers, workers) see no GPU and DeepSpeed's CPU accelerator."""
     import torch
 
     from determined_trials.deepspeed import _context as deepspeed_context
@@ -23,4 +23,5 @@ def cpu_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(pytorch_context, "default_device", cpu)
     monkeypatch.setattr(deepspeed_context, "default_device", cpu)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     yield

@@ -27,6 +27,8 @@ from determined_trials.errors import ConfigError
 from determined_trials.experiment._launch import TrialLaunch, trial_environment
 from determined_trials.pytorch import Batch
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 
 class _ValLossTrial(LinearTrial):
     """Returns `val_loss`, not the `validation_loss` a default searcher would name."""
