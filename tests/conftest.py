@@ -1,4 +1,5 @@
-"""Fixtures every test module may use: ``cpu_device`` for tests whose expectations hold on the CPU."""
+"""Fixtures every test module may use: ``cpu_device`` for tests whose expectations hold on the CPU,
+``fresh_dynamo`` for tests of ``torch.compile``d models."""
 
 from __future__ import annotations
 
@@ -25,3 +26,15 @@ def cpu_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     yield
+
+
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    """Compiled runs start from empty dynamo caches, and hitting the recompile limit (a silent fall back
+    to uncompiled code, which would compare compiled numbers with eager ones) is an error."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        yield
+    torch._dynamo.reset()

@@ -279,7 +279,8 @@ class ResumeTrial(pytorch.PyTorchTrial):
     hparams: global_batch_size, lr, hidden, workers. Constructor arguments steer the run:
     ``stop_after`` (set_stop_requested on that batch_idx); ``flag_path``, ``flag_batch`` and
     ``batch_sleep`` (on that batch_idx, write the file then sleep: the SIGTERM test's window);
-    ``compile_backend`` (wrap ``torch.compile(model, backend=...)`` instead of the model).
+    ``compile_backend`` (wrap ``torch.compile(model, backend=...)`` instead of the model); ``amp_dtype``
+    (``experimental.use_amp(amp_dtype)``); ``pin_memory`` (the training loader's).
     """
 
     def __init__(
@@ -290,8 +291,13 @@ class ResumeTrial(pytorch.PyTorchTrial):
         flag_batch: int = 3,
         batch_sleep: float = 0.0,
         compile_backend: str | None = None,
+        amp_dtype: torch.dtype | None = None,
+        pin_memory: bool = False,
     ) -> None:
         self.context = context
+        self.pin_memory = pin_memory
+        if amp_dtype is not None:
+            context.experimental.use_amp(amp_dtype)
         self.stop_after = stop_after
         self.flag_path, self.flag_batch, self.batch_sleep = flag_path, flag_batch, batch_sleep
         self.seen: list[tuple[int, int, list[int]]] = []
@@ -309,7 +315,7 @@ class ResumeTrial(pytorch.PyTorchTrial):
     def build_training_data_loader(self) -> pytorch.DataLoader:
         return pytorch.DataLoader(
             NoisyData(), batch_size=self.context.get_per_slot_batch_size(), shuffle=True,
-            num_workers=self.context.get_hparams().get("workers", 0),
+            num_workers=self.context.get_hparams().get("workers", 0), pin_memory=self.pin_memory,
         )
 
     def build_validation_data_loader(self) -> pytorch.DataLoader:

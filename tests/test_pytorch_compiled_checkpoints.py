@@ -114,6 +114,7 @@ def test_load_trial_from_a_compiled_models_checkpoint_into_the_plain_model(tmp_p
         assert_same_state(loaded.model.state_dict(), state_snapshot(trained)["model"])
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
 def test_inductor_compiled_model_resumes_bitwise(tmp_path: Path) -> None:
     """torch.compile's default backend on this CPU (code generation: about 10 s): a compiled run stopped
     and resumed compiled equals an uninterrupted compiled run, and its checkpoint has plain keys."""
