@@ -43,7 +43,8 @@ class TrialContext:
     """The Core API context of a running trial (None for a debugging context from ``from_config``)."""
 
     _searcher_metric_named: bool = True
-    """False when a family's ``init()`` filled in the searcher itself: its metric is then not enforced."""
+    """False when the searcher was filled in for the user (by a family's ``init()``, or by ``core.init()``
+    without a config or a launcher): its metric is then not enforced."""
 
     def __init__(
         self,
@@ -86,6 +87,8 @@ class TrialContext:
             distributed=core_context.distributed if core_context is not None else None,
         )
         self._core = core_context
+        if identity.get("config") is None and core_context is not None and not core_context._config_written:
+            self._searcher_metric_named = False  # core.init() made the config up: its searcher is not the user's
 
     @classmethod
     def from_config(cls: type[_T], config: ConfigSource) -> _T:  # noqa: PYI019
