@@ -521,3 +521,19 @@ def test_ddp_aggregation_skips_sync_then_steps_with_the_global_average(tmp_path:
     # accumulated: rank 0 -4 + 8 = 4, rank 1 0 + 12 = 12; mean over ranks 8, over 2 batches 4
     assert [r["weight"] for r in results] == pytest.approx([0.6, 0.6])
     assert all(r["wrapper"] == "DDPModel" and r["tag"] == "inner-attribute" for r in results)
+
+
+@pytest.mark.slow
+def test_reduce_metrics_and_run_cross_slot_reduction_over_two_processes(tmp_path: Path) -> None:
+    """Determined's names for reducing by hand: ``reduce_metrics(for_training)`` (one allgather, on every
+    rank), ``run_cross_slot_reduction(reducers, gathered)`` (e.g. on the chief) and ``reset_reducers``."""
+    import _pytorch_context_ranks as ranks
+
+    from determined_trials.testing import run_ranks
+
+    results = run_ranks(ranks.reducers_by_hand, 2, args=(str(tmp_path),), timeout=120)
+    expected_total = (1 + 10) + (2 + 11)
+    assert [r["training"] for r in results] == [{"total": expected_total}] * 2
+    assert [r["validation"] for r in results] == [{"seen": [0, 1]}] * 2
+    assert results[0]["by_hand"] == {"total": expected_total, "seen": [0, 1]} and results[1]["by_hand"] is None
+    assert [r["after_reset"] for r in results] == [{"total": 0}] * 2
