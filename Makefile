@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv example example-trainer example-core test lint benchmark clean config-reference
+.PHONY: venv example example-trainer example-core test test-gpu lint benchmark clean config-reference
 
 venv: $(STAMP)
 
@@ -44,6 +44,11 @@ benchmark: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# The GPU tier: the tests marked gpu (CUDA resume, pinned copies, no syncs, no memory kept), each listed
+# by name; without CUDA every one is reported SKIPPED with its reason.
+test-gpu: venv
+	$(BIN)/python -m pytest -m gpu -v -rs
 
 lint: venv
 	$(BIN)/ruff check determined_trials tests examples

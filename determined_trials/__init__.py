@@ -2,7 +2,8 @@
 
 ``import determined_trials as det`` then ``det.core.init()``, ``det.pytorch.PyTorchTrial`` and so on.
 Framework packages (``pytorch``, ``deepspeed``, ``keras``) are imported on first use, so this import
-needs no framework.
+needs no framework; they are not in ``__all__``, so ``from determined_trials import *`` costs no more
+than this import (``dir()`` still lists them).
 """
 
 from __future__ import annotations
@@ -25,11 +26,8 @@ __all__ = [
     "TrialContext",
     "TrialInfo",
     "core",
-    "deepspeed",
     "get_cluster_info",
     "import_from_path",
-    "keras",
-    "pytorch",
 ]
 
 __version__ = "0.1.0"
@@ -42,3 +40,8 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY_SUBPACKAGES:
         return importlib.import_module(f"determined_trials.{name}")
     raise AttributeError(f"module 'determined_trials' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names and the lazy subpackages (not yet imported, so not yet in ``globals()``)."""
+    return sorted({*globals(), *_LAZY_SUBPACKAGES})

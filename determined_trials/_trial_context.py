@@ -1,13 +1,17 @@
 """`TrialContext`: what every trial context knows (hyperparameters, config, seed, ids, batch
-sizes, distributed context), `from_config` to build one for debugging outside any launcher, and the
-constructor preamble every family's context shares (`TrialIdentity`, `_init_identity`)."""
+sizes, distributed context, stop requests, the initial batch, the TensorBoard folder), `from_config`
+to build one for debugging outside any launcher, and the constructor preamble every family's context
+shares (`TrialIdentity`, `_init_identity`)."""
 
 from __future__ import annotations
 
 import copy
 import difflib
+import logging
 import random
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from determined_trials.config import ExperimentConfig, load_config, sample_hparams
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["TrialContext", "TrialIdentity"]
 
 _T = TypeVar("_T", bound="TrialContext")
+logger = logging.getLogger("determined_trials")
 
 
 class TrialIdentity(TypedDict, total=False):
@@ -43,7 +48,8 @@ class TrialContext:
     """The Core API context of a running trial (None for a debugging context from ``from_config``)."""
 
     _searcher_metric_named: bool = True
-    """False when a family's ``init()`` filled in the searcher itself: its metric is then not enforced."""
+    """False when the searcher was filled in for the user (by a family's ``init()``, or by ``core.init()``
+    without a config or a launcher): its metric is then not enforced."""
 
     def __init__(
         self,
@@ -67,6 +73,9 @@ class TrialContext:
         self._experiment_id = int(experiment_id)
         self._distributed = distributed
         self._load_data_text: dict[tuple[type, str], str] = {}  # checkpoints' load_data.json, made once
+        self._stop_requested = False  # read by the adapters after every batch
+        self._initial_batch = 0
+        self._tb_fallback: Path | None = None
 
     def _init_identity(self, core_context: Context | None, identity: TrialIdentity) -> None:
         """The constructor preamble of every family's context: ``TrialContext``'s fields from ``identity``,
@@ -86,6 +95,9 @@ class TrialContext:
             distributed=core_context.distributed if core_context is not None else None,
         )
         self._core = core_context
+        self._initial_batch = trial.steps_completed if trial is not None else 0
+        if identity.get("config") is None and core_context is not None and not core_context._config_written:
+            self._searcher_metric_named = False  # core.init() made the config up: its searcher is not the user's
 
     @classmethod
     def from_config(cls: type[_T], config: ConfigSource) -> _T:  # noqa: PYI019
@@ -158,6 +170,29 @@ class TrialContext:
     def get_experiment_id(self) -> int:
         """The experiment id in the local store (0 when not started by a launcher)."""
         return self._experiment_id
+
+    def set_stop_requested(self, stop_requested: bool) -> None:
+        """Ask the trainer to stop (with a checkpoint) at the end of the current batch."""
+        if not isinstance(stop_requested, bool):
+            raise TypeError(f"set_stop_requested takes True or False, got {stop_requested!r}")
+        self._stop_requested = stop_requested
+
+    def get_stop_requested(self) -> bool:
+        """Whether a stop was requested (``set_stop_requested(True)``; in Keras also ``model.stop_training``)."""
+        return self._stop_requested
+
+    def get_initial_batch(self) -> int:
+        """The number of batches trained before this run started (non-zero when resuming)."""
+        return self._initial_batch
+
+    def get_tensorboard_path(self) -> Path:
+        """The folder for this process's TensorBoard files (a temporary folder without a Core API context)."""
+        if self._core is not None:
+            return Path(self._core.train.get_tensorboard_path())
+        if self._tb_fallback is None:
+            self._tb_fallback = Path(tempfile.mkdtemp(prefix="det-trials-tensorboard-"))
+            logger.info("no Core API context: TensorBoard files go to %s", self._tb_fallback)
+        return self._tb_fallback
 
     def get_global_batch_size(self) -> int:
         """Hyperparameter `global_batch_size`: records per optimizer step across all slots."""

@@ -1,4 +1,5 @@
-"""Rank body for tests/test_pytorch_context.py: DDP + gradient aggregation over two gloo processes."""
+"""Rank bodies for tests/test_pytorch_context.py: DDP + gradient aggregation over two gloo processes; the
+reducer calls Determined code makes by hand (reduce_metrics, run_cross_slot_reduction) over two processes."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def ddp_aggregation(dist: Any, store_file: str, run_dir: str) -> dict[str, Any]:
     )
     try:
         with det.core.init(distributed=dist, run_dir=run_dir, config=CONFIG) as core:
-            ctx = PyTorchTrialContext(core_context=core)
+            ctx = PyTorchTrialContext(core_context=core, device="cpu")  # CPU tensors, gloo: on the CPU anywhere
             inner = torch.nn.Linear(1, 1, bias=False)
             inner.tag = "inner-attribute"  # type: ignore[assignment]
             torch.nn.init.ones_(inner.weight)
@@ -44,3 +45,21 @@ def ddp_aggregation(dist: Any, store_file: str, run_dir: str) -> dict[str, Any]:
     finally:
         torch.distributed.destroy_process_group()
     return result
+
+
+def reducers_by_hand(dist: Any, run_dir: str) -> dict[str, Any]:
+    """Rank r updates a sum reducer with r + 1 and r + 10 and a validation-only list reducer with r:
+    ``reduce_metrics`` on every rank, and ``run_cross_slot_reduction`` of what the chief gathered."""
+    with det.core.init(distributed=dist, run_dir=run_dir, config=CONFIG) as core:
+        ctx = PyTorchTrialContext(core_context=core, device="cpu")
+        total = ctx.wrap_reducer(sum, name="total", for_validation=False)
+        seen = ctx.wrap_reducer(lambda values: sorted(values), name="seen", for_training=False)
+        total.update(dist.rank + 1)
+        total.update(dist.rank + 10)
+        seen.update(dist.rank)
+        training, validation = ctx.reduce_metrics(for_training=True), ctx.reduce_metrics(for_training=False)
+        gathered = dist.gather([total.per_slot_reduce(), seen.per_slot_reduce()])
+        by_hand = None if gathered is None else ctx.run_cross_slot_reduction([total, seen], gathered)
+        ctx.reset_reducers()
+        after_reset = ctx.reduce_metrics(for_training=True)
+    return {"training": training, "validation": validation, "by_hand": by_hand, "after_reset": after_reset}

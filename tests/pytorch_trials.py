@@ -278,7 +278,9 @@ class ResumeTrial(pytorch.PyTorchTrial):
 
     hparams: global_batch_size, lr, hidden, workers. Constructor arguments steer the run:
     ``stop_after`` (set_stop_requested on that batch_idx); ``flag_path``, ``flag_batch`` and
-    ``batch_sleep`` (on that batch_idx, write the file then sleep: the SIGTERM test's window).
+    ``batch_sleep`` (on that batch_idx, write the file then sleep: the SIGTERM test's window);
+    ``compile_backend`` (wrap ``torch.compile(model, backend=...)`` instead of the model); ``amp_dtype``
+    (``experimental.use_amp(amp_dtype)``); ``pin_memory`` (the training loader's).
     """
 
     def __init__(
@@ -288,16 +290,23 @@ class ResumeTrial(pytorch.PyTorchTrial):
         flag_path: str | None = None,
         flag_batch: int = 3,
         batch_sleep: float = 0.0,
+        compile_backend: str | None = None,
+        amp_dtype: torch.dtype | None = None,
+        pin_memory: bool = False,
     ) -> None:
         self.context = context
+        self.pin_memory = pin_memory
+        if amp_dtype is not None:
+            context.experimental.use_amp(amp_dtype)
         self.stop_after = stop_after
         self.flag_path, self.flag_batch, self.batch_sleep = flag_path, flag_batch, batch_sleep
         self.seen: list[tuple[int, int, list[int]]] = []
         self.inputs: list[torch.Tensor] = []
         hidden = context.get_hparams().get("hidden", 8)
-        self.model = context.wrap_model(nn.Sequential(
-            nn.Linear(4, hidden), nn.ReLU(), nn.Dropout(0.3), nn.Linear(hidden, 1),
-        ))
+        model: nn.Module = nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Dropout(0.3), nn.Linear(hidden, 1))
+        if compile_backend is not None:
+            model = torch.compile(model, backend=compile_backend)  # type: ignore[assignment]
+        self.model = context.wrap_model(model)
         self.optimizer = context.wrap_optimizer(torch.optim.Adam(self.model.parameters(), lr=context.get_hparam("lr")))
         self.scheduler = context.wrap_lr_scheduler(
             torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=3, gamma=0.8), StepMode.STEP_EVERY_BATCH,
@@ -306,7 +315,7 @@ class ResumeTrial(pytorch.PyTorchTrial):
     def build_training_data_loader(self) -> pytorch.DataLoader:
         return pytorch.DataLoader(
             NoisyData(), batch_size=self.context.get_per_slot_batch_size(), shuffle=True,
-            num_workers=self.context.get_hparams().get("workers", 0),
+            num_workers=self.context.get_hparams().get("workers", 0), pin_memory=self.pin_memory,
         )
 
     def build_validation_data_loader(self) -> pytorch.DataLoader:
@@ -332,9 +341,11 @@ class ResumeTrial(pytorch.PyTorchTrial):
 
 
 def state_snapshot(trial: Any) -> dict[str, Any]:
-    """Deep copies of the model's and optimizer's state dicts."""
+    """Deep copies of the model's (the user's module under a torch.compile wrapper) and optimizer's
+    state dicts."""
+    model = getattr(trial.model, "_orig_mod", trial.model)
     return {
-        "model": copy.deepcopy(trial.model.state_dict()),
+        "model": copy.deepcopy(model.state_dict()),
         "optimizer": copy.deepcopy(trial.optimizer.state_dict()),
     }
 

@@ -28,6 +28,8 @@ from determined_trials.core.store._checkpoint_recovery import recover_checkpoint
 from determined_trials.loop._checkpointing import uses_async_save
 from determined_trials.pytorch import Batch
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 HERE = Path(__file__).resolve().parent
 KILL_WORKER = HERE / "_async_ckpt_kill_worker.py"
 CONF = config({"global_batch_size": 4, "lr": 0.01, "workers": 0, "hidden": 8})

@@ -20,11 +20,11 @@ HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_ctrl_c_worker.py"
 EXAMPLE = HERE.parent / "examples" / "digits_pytorch" / "train.py"
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-       "DET_PROGRESS": "0"}
+       "DET_PROGRESS": "0", "CUDA_VISIBLE_DEVICES": ""}  # the workers train on the CPU (built before cpu_device runs)
 ENV.pop("DET_CLUSTER_INFO", None)
 ENV.pop("DET_LAUNCH_DIR", None)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
 
 def _start(run_dir: Path, flags: Path, resume: str = "-", *extra: str) -> subprocess.Popen[str]:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from deepspeed_trials import VALIDATION_RECORDS, plain_loop
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
 HERE = Path(__file__).resolve().parent
 ATOL, RTOL = 1e-6, 1e-5

@@ -13,7 +13,7 @@ from _experiment_helpers import create
 
 from determined_trials.core import LocalStore
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "deepspeed_digits"
 

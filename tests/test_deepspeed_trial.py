@@ -21,6 +21,8 @@ from determined_trials import pytorch
 from determined_trials.cli.main import main as cli_main
 from determined_trials.errors import ConfigError
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 FIT: dict[str, Any] = {"max_length": det_ds.Batch(20), "reporting_period": det_ds.Batch(6),
                        "validation_period": det_ds.Epoch(1), "checkpoint_period": det_ds.Batch(10),
                        "checkpoint_policy": "none", "show_progress": False}

@@ -16,6 +16,8 @@ from torch import nn
 from determined_trials import pytorch
 from determined_trials.pytorch import Batch
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 
 class _OldStyle(pytorch.PyTorchCallback):
     def __init__(self, events: list[tuple[Any, ...]]) -> None:

@@ -16,6 +16,8 @@ from pytorch_trials import config, fit
 from determined_trials import pytorch
 from determined_trials.pytorch import Batch
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 OPT_IN = {"weights_only": False}
 
 

@@ -1,5 +1,5 @@
 """Issue 8, items 1-5: what a Determined user hits first. A bare run enforces no metric; a named metric
-the trial never returns fails at the first validation; test_mode; the names tutorials import; ranks
+the trial never returns fails at the first validation whatever the checkpoint policy; test_mode; the names tutorials import; ranks
 under wrap_rank find each other; every key of the 0.38 config schema is accepted."""
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from determined_trials.config._det_keys import DETERMINED_KEYS
 from determined_trials.errors import ConfigError
 from determined_trials.experiment._launch import TrialLaunch, trial_environment
 from determined_trials.pytorch import Batch
+
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
 
 
 class _ValLossTrial(LinearTrial):
@@ -68,26 +70,38 @@ def test_exp_conf_without_searcher_runs_like_a_bare_run(tmp_path: Path) -> None:
     assert [c.steps_completed for c in info["checkpoints"]] == [2]
 
 
-def test_named_metric_never_returned_fails_at_the_first_validation(tmp_path: Path) -> None:
+_MISSING = (r"Search method is configured to use metric 'validation_loss' but model definition returned "
+            r"validation metrics \['val_loss'\]")
+
+
+@pytest.mark.parametrize("policy", ["best", "all", "none"])
+def test_named_metric_never_returned_fails_at_the_first_validation(tmp_path: Path, policy: str) -> None:
+    """Whatever the checkpoint policy (Determined's error and words)."""
     trial_box: list[Any] = []
 
     def build(context: pytorch.PyTorchTrialContext) -> Any:
         trial_box.append(_ValLossTrial(context))
         return trial_box[0]
 
-    with pytest.raises(KeyError, match=r"'validation_loss' is not among the validation metrics \['val_loss'\]"):
-        fit(build, config({"global_batch_size": 2}), tmp_path, max_length=Batch(40), validation_period=Batch(2))
+    with pytest.raises(KeyError, match=_MISSING):
+        fit(build, config({"global_batch_size": 2}), tmp_path, max_length=Batch(40), validation_period=Batch(2),
+            checkpoint_policy=policy)
     assert [e[1] for e in trial_box[0].events if e[0] == "batch"] == [0, 1]  # stopped at the first validation
 
 
-def test_named_metric_unused_by_the_run_only_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="determined_trials.loop"):
-        trial, _, _ = fit(_ValLossTrial, config({"global_batch_size": 2}), tmp_path, max_length=Batch(4),
-                          validation_period=Batch(2), checkpoint_policy="all")
-    # both validations checkpointed (a completed plain fit with policy "all" then GCs like the runner)
-    written = trial.context._core.store.checkpoints(include_deleted=True)
-    assert [c.steps_completed for c in written] == [2, 4]
-    assert sum("searcher.metric 'validation_loss' is not among" in r.message for r in caplog.records) == 1
+def test_a_config_made_up_by_core_init_enforces_no_metric(tmp_path: Path) -> None:
+    """No exp_conf, no hparams, no launcher: ``core.init()`` makes the config up, so its searcher (metric
+    validation_loss) is not the user's and is not enforced, in ``init()`` or a context built on it."""
+    with pytorch.init(run_dir=tmp_path / "init") as context:
+        assert context._searcher_metric_named is False
+    with det.core.init(run_dir=tmp_path / "core") as core_context:
+        context = pytorch.PyTorchTrialContext(core_context=core_context, hparams={"global_batch_size": 2, "lr": 0.1})
+        trial = _ValLossTrial(context)
+        pytorch.Trainer(trial, context).fit(max_length=Batch(4), validation_period=Batch(2), checkpoint_policy="all",
+                                            show_progress=False)
+    assert [sorted(e[1]) for e in trial.events if e[0] == "validation_end"] == [["val_loss"], ["val_loss"]]
+    with det.core.init(run_dir=tmp_path / "named", config=config({"global_batch_size": 2})) as core_context:
+        assert pytorch.PyTorchTrialContext(core_context=core_context)._searcher_metric_named is True
 
 
 # -- item 2: test_mode ---------------------------------------------------------------------------------

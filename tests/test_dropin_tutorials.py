@@ -15,6 +15,8 @@ import determined_trials as det
 from determined_trials import pytorch
 from determined_trials.core import LocalStore
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 TUTORIALS = Path(__file__).parent / "det_tutorials"
 MNIST = TUTORIALS / "mnist_pytorch"
 

@@ -18,7 +18,7 @@ from determined_trials.cli._tensorboard import tensorboard_command
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.usefixtures("cpu_device")]
 
 
 @pytest.fixture(scope="module")

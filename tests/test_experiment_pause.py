@@ -16,7 +16,7 @@ from _experiment_helpers import create, final_states, make_context
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.usefixtures("cpu_device")]
 
 DET_TRIALS = [sys.executable, "-m", "determined_trials.cli.main"]
 _HPARAMS = {"lr": {"type": "categorical", "vals": [0.2, 0.6]}, "sleep": 0.05, "ckpt_every": 5}

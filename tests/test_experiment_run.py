@@ -10,7 +10,7 @@ from _experiment_helpers import create, final_states, make_context
 
 from determined_trials.core import LocalStore
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.usefixtures("cpu_device")]
 
 
 def test_grid_experiment_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -30,6 +30,18 @@ def test_import_pulls_in_no_framework(module: str) -> None:
     assert not {m.split(".")[0] for m in loaded} & set(FRAMEWORKS)
 
 
+def test_star_import_costs_what_the_plain_import_costs() -> None:
+    """The lazy framework subpackages are not in ``__all__``: ``import *`` imports no framework (it
+    would import torch, DeepSpeed and TensorFlow), yet they stay reachable and listed by ``dir``."""
+    plain = _modules_after("import determined_trials")
+    star = _modules_after("from determined_trials import *")
+    assert star == plain
+    import determined_trials as det
+
+    assert {"pytorch", "deepspeed", "keras"} <= set(dir(det)) and not {"pytorch", "deepspeed", "keras"} & set(det.__all__)
+    assert all(hasattr(det, name) for name in det.__all__)
+
+
 def test_using_the_core_api_pulls_in_no_framework(tmp_path: object) -> None:
     loaded = _modules_after(f"""
         import determined_trials as det

@@ -359,6 +359,43 @@ def test_tensorboard_writes_into_the_trial_folder_and_reduce_lr_acts_on_validati
     assert float(context.models[0].optimizer.learning_rate) == pytest.approx(0.01 * 0.5)
 
 
+class _BatchTensorBoard(MLPTrial):
+    def keras_callbacks(self) -> list[Any]:
+        self.tensorboard = det_keras.TensorBoard(self.context, update_freq=1)
+        return [self.tensorboard, *super().keras_callbacks()]  # with the stop_at hparam's callback
+
+
+def test_tensorboard_batch_counters_go_on_after_a_resume(tmp_path: Path) -> None:
+    hp = {"global_batch_size": 16}
+    fit: dict[str, Any] = {"max_length": det_keras.Batch(15), "validation_period": det_keras.Batch(5)}
+    whole, _, _ = _fit(_BatchTensorBoard, tmp_path / "whole", hp, **fit)
+    _, _, first = _fit(_BatchTensorBoard, tmp_path / "parts", {**hp, "stop_at": 8}, **fit)
+    assert first.exit_reason is ExitReason.STOPPED
+    resumed, _, _ = _fit(_BatchTensorBoard, tmp_path / "parts", hp, latest_checkpoint=_latest(tmp_path / "parts"),
+                         **fit)
+    state = whole.tensorboard.get_state()
+    assert state["train_batches"] == 15 and state["test_batches"] > 0
+    assert resumed.tensorboard.get_state() == state  # not 15 - 9 batches: the steps go on
+
+
+def test_a_checkpoint_without_tensorboard_state_still_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints written before TensorBoard kept state hold none for it: the run resumes, counters fresh."""
+    hp = {"global_batch_size": 16}
+    fit: dict[str, Any] = {"max_length": det_keras.Batch(12), "validation_period": det_keras.Batch(4)}
+    from determined_trials.keras._bridge import KerasCallbacks
+
+    with monkeypatch.context() as patch:  # the old get_state: TensorBoard was no det.keras Callback
+        real_get_state = KerasCallbacks.get_state
+        patch.setattr(KerasCallbacks, "get_state", lambda self: [
+            entry for entry in real_get_state(self) if entry[0] != "TensorBoard"])
+        _, _, first = _fit(_BatchTensorBoard, tmp_path, {**hp, "stop_at": 5}, **fit)
+    assert first.exit_reason is ExitReason.STOPPED
+    stopped_at = first._context._core.store.checkpoints()[-1].steps_completed
+    resumed, _, trainer = _fit(_BatchTensorBoard, tmp_path, hp, latest_checkpoint=_latest(tmp_path), **fit)
+    assert trainer.exit_reason is ExitReason.COMPLETED
+    assert resumed.tensorboard.get_state()["train_batches"] == 12 - stopped_at  # fresh: this run's batches only
+
+
 class _ZeroClassWeights(MLPTrial):
     def build_model(self) -> Any:
         model = super().build_model()

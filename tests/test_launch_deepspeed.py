@@ -17,7 +17,7 @@ from test_launch_torch_distributed import BATCH_LINE, Launch, _assert_nothing_le
 
 import determined_trials as det
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
 HERE = Path(__file__).resolve().parent
 LENGTH = 12

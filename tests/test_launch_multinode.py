@@ -15,7 +15,7 @@ from test_launch_torch_distributed import BATCH_LINE, DATA, TRIAL, _config, _val
 
 from determined_trials.launch._procs import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400), pytest.mark.usefixtures("cpu_device")]
 
 
 def _launch(code: Path, run_dir: Path, config: Path, extra: dict[str, str], out: Path) -> subprocess.Popen[bytes]:

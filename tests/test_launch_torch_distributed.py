@@ -20,7 +20,7 @@ import pytest
 
 import determined_trials as det
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
 TRIAL = '''
 import os

@@ -14,6 +14,8 @@ import determined_trials as det
 from determined_trials import pytorch
 from determined_trials.pytorch import Batch
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 
 def test_non_finite_metrics_warn_once_per_name(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     conf = {"searcher": {"name": "single", "metric": "val_loss", "max_length": 4}}

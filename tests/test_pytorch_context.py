@@ -35,6 +35,9 @@ def make_ctx(tmp_path: Path) -> Iterator[Any]:
     cores: list[Any] = []
 
     def build(config: dict[str, Any] | None = None, **kwargs: Any) -> PyTorchTrialContext:
+        """A context on the CPU (the tests feed it CPU tensors and expect bf16 AMP) unless ``device`` is
+        given; ``device=None`` picks the default device."""
+        kwargs.setdefault("device", "cpu")
         core = det.core.init(run_dir=tmp_path / f"run{len(cores)}", config=config or CONFIG)
         cores.append(core.__enter__())
         return PyTorchTrialContext(core_context=core, **kwargs)
@@ -75,9 +78,29 @@ def test_getters_come_from_the_core_context(make_ctx: Any, tmp_path: Path) -> No
     assert ctx.get_trial_id() >= 1 and ctx.get_experiment_id() >= 1
     assert ctx.get_trial_seed() == 5 and ctx.get_initial_batch() == 0
     assert ctx.device == torch.device("cpu") and ctx.distributed.get_size() == 1
+    default = make_ctx(device=None).device  # one process: the first GPU where there is one
+    assert default == (torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
     assert ctx.get_tensorboard_path().is_relative_to(tmp_path)
     with pytest.raises(KeyError, match="Available"):
         ctx.get_hparam("nope")
+
+
+@pytest.mark.parametrize(("gpus", "local_rank", "size", "expected"), [
+    (0, 0, 1, "cpu"), (0, 1, 2, "cpu"), (2, 0, 1, "cuda:0"), (2, 1, 2, "cuda:1"), (2, 3, 4, "cuda:1"),
+])
+def test_default_device_is_the_processs_gpu(
+    monkeypatch: pytest.MonkeyPatch, gpus: int, local_rank: int, size: int, expected: str,
+) -> None:
+    """Without CUDA the CPU; one process takes cuda:0; several take cuda:<local_rank> (shared round
+    robin when there are fewer GPUs than local processes) and make it the current device."""
+    from determined_trials.pytorch._device import default_device
+
+    current: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    assert default_device(local_rank, size) == torch.device(expected)
+    assert current == ([torch.device(expected).index] if gpus and size > 1 else [])
 
 
 def test_from_config_builds_a_debugging_context() -> None:
@@ -498,3 +521,19 @@ def test_ddp_aggregation_skips_sync_then_steps_with_the_global_average(tmp_path:
     # accumulated: rank 0 -4 + 8 = 4, rank 1 0 + 12 = 12; mean over ranks 8, over 2 batches 4
     assert [r["weight"] for r in results] == pytest.approx([0.6, 0.6])
     assert all(r["wrapper"] == "DDPModel" and r["tag"] == "inner-attribute" for r in results)
+
+
+@pytest.mark.slow
+def test_reduce_metrics_and_run_cross_slot_reduction_over_two_processes(tmp_path: Path) -> None:
+    """Determined's names for reducing by hand: ``reduce_metrics(for_training)`` (one allgather, on every
+    rank), ``run_cross_slot_reduction(reducers, gathered)`` (e.g. on the chief) and ``reset_reducers``."""
+    import _pytorch_context_ranks as ranks
+
+    from determined_trials.testing import run_ranks
+
+    results = run_ranks(ranks.reducers_by_hand, 2, args=(str(tmp_path),), timeout=120)
+    expected_total = (1 + 10) + (2 + 11)
+    assert [r["training"] for r in results] == [{"total": expected_total}] * 2
+    assert [r["validation"] for r in results] == [{"seen": [0, 1]}] * 2
+    assert results[0]["by_hand"] == {"total": expected_total, "seen": [0, 1]} and results[1]["by_hand"] is None
+    assert [r["after_reset"] for r in results] == [{"total": 0}] * 2

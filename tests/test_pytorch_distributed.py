@@ -33,6 +33,8 @@ from determined_trials._trial_context import TrialContext
 from determined_trials.config import load_config
 from determined_trials.errors import ConfigError
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_pytorch_dist_worker.py"
 ATOL, RTOL = 1e-6, 1e-5

@@ -16,6 +16,8 @@ from determined_trials import pytorch
 from determined_trials.loop import ExitReason
 from determined_trials.pytorch._metrics import TrainingMetrics
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 
 def test_the_lone_loss_mean_equals_the_general_reduction() -> None:
     gen = torch.Generator().manual_seed(5)

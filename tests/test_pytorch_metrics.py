@@ -179,6 +179,7 @@ def test_add_then_finish_after_sync_guard() -> None:
     assert metrics.finish(_single) == {"loss": 2.0}
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_add_never_synchronises() -> None:
     train, val = TrainingMetrics(), ValidationMetrics(Reducer.AVG)

@@ -13,6 +13,8 @@ from pytorch_trials import LINEAR_TRUE_W, LINEAR_XS, LinearTrial, config, fit
 
 from determined_trials.pytorch import Batch
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 LR = 0.1
 
 

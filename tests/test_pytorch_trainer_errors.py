@@ -15,6 +15,8 @@ from pytorch_trials import LinearBase, LinearData, LinearTrial, ResumeTrial, con
 from determined_trials import pytorch
 from determined_trials.pytorch import Batch, Epoch
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 # -- evaluate methods, wrapping ------------------------------------------------------------------
 
 

@@ -11,6 +11,8 @@ from pytorch_trials import LinearTrial, ScriptedValidationTrial, config, fit
 
 from determined_trials.pytorch import Batch, Epoch, Record, TrainUnit
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 STATE_KEYS = ["callbacks", "lr_schedulers_state_dict", "models_state_dict", "optimizers_state_dict",
               "rng_state", "scalers_state_dict"]
 

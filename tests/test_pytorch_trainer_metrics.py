@@ -11,6 +11,8 @@ from pytorch_trials import LINEAR_XS, LinearTrial, ReducerTrial, ScriptedValidat
 
 from determined_trials.pytorch import Batch, Epoch
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 
 def _by_step(records: list[Any]) -> dict[int, dict[str, Any]]:
     return {r.steps_completed: r.metrics for r in records}

@@ -21,6 +21,8 @@ from pytorch_trials import ResumeTrial, assert_same_state, config, fit, state_sn
 from determined_trials import pytorch
 from determined_trials.pytorch import Batch
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_pytorch_sigterm_worker.py"
 LENGTH = 15  # 24 records, batches of 4: 6 batches per epoch, so 2.5 epochs

@@ -18,6 +18,8 @@ from determined_trials import pytorch
 from determined_trials.core import _tensorboard
 from determined_trials.core.store import _report_buffer
 
+pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
+
 CONFIG = {
     "name": "buffer",
     "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 40}},

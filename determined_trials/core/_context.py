@@ -83,6 +83,7 @@ class Context:
         self._owns_distributed = owns_distributed
         self._closed = False
         self._rebuild: Callable[[TrialInfo], dict[str, Any]] | None = None
+        self._config_written = True  # False when init() made up the config (no config, no launcher)
 
     def _retarget(self, trial: TrialInfo) -> None:
         """Report to ``trial`` from now on (a plain script resuming an earlier run's trial)."""
@@ -190,6 +191,7 @@ def init(
         **parts(trial), distributed=dist, preempt=PreemptContext(dist, preempt_mode),
         info=cluster_info, store=store, owns_distributed=owns_distributed,
     )
+    context._config_written = config is not None or info is not None
     if info is None:
         context._rebuild = lambda t: {**parts(t), "info": ClusterInfo(trial=t, run_dir=str(run_path))}
     return context

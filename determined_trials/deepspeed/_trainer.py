@@ -41,7 +41,8 @@ def init(
     def make_context(core_context: core.Context) -> DeepSpeedTrialContext:
         context = DeepSpeedTrialContext(core_context=core_context, config=config, hparams=hparams,
                                         enable_tensorboard_logging=enable_tensorboard_logging)
-        context._searcher_metric_named = metric_named
+        if not metric_named:  # init() filled the searcher in
+            context._searcher_metric_named = False
         return context
 
     with open_trial_context(make_context, config, distributed, lambda: environment, run_dir,

@@ -78,10 +78,16 @@ class KerasCallbacks:
         return [(type(cb).__qualname__, cb.get_state()) for cb in self.det]
 
     def load_state(self, states: list[Any]) -> None:
+        """Give each det.keras callback its saved state, in order; a callback whose class saves state only
+        since some version (``_optional_state``) may be missing from an older checkpoint: it starts fresh."""
         names = [type(cb).__qualname__ for cb in self.det]
         saved = [name for name, _ in states]
+        targets = self.det
         if names != saved:
-            raise ValueError(f"the checkpoint holds the state of det.keras callbacks {saved}, but keras_callbacks() "
-                             f"returned {names}; return the same callbacks in the same order to resume")
-        for cb, (_, state) in zip(self.det, states):
+            targets = [cb for cb in self.det if not getattr(cb, "_optional_state", False)]
+            if [type(cb).__qualname__ for cb in targets] != saved:
+                raise ValueError(f"the checkpoint holds the state of det.keras callbacks {saved}, but "
+                                 f"keras_callbacks() returned {names}; return the same callbacks in the same "
+                                 "order to resume")
+        for cb, (_, state) in zip(targets, states):
             cb.load_state(state)

@@ -52,7 +52,6 @@ class TFKerasTrialContext(TrialContext):
         self.optimizers: list[Any] = []
         self.fit_settings = FitSettings()
         self._wrapped_datasets: list[Any] = []
-        self._stop_requested = False
 
     def _close(self) -> None:
         """The trainer's hook at shutdown: a Keras context holds nothing to release."""
@@ -113,15 +112,3 @@ class TFKerasTrialContext(TrialContext):
             raise TypeError(f"configure_fit(class_weight=...) takes a dict {{class index: weight}}, got {weights!r}")
         for key, value in given.items():
             setattr(self.fit_settings, key, value)
-
-    # -- stopping -------------------------------------------------------------------------------
-
-    def set_stop_requested(self, stop_requested: bool) -> None:
-        """Ask the trainer to stop (with a checkpoint) after the current batch."""
-        if not isinstance(stop_requested, bool):
-            raise TypeError(f"set_stop_requested takes True or False, got {stop_requested!r}")
-        self._stop_requested = stop_requested
-
-    def get_stop_requested(self) -> bool:
-        """Whether a stop was requested (``set_stop_requested(True)`` or ``model.stop_training``)."""
-        return self._stop_requested

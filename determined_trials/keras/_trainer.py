@@ -69,7 +69,8 @@ def init(
 
     def make_context(core_context: core.Context) -> TFKerasTrialContext:
         context = TFKerasTrialContext(core_context=core_context, config=config, hparams=hparams, strategy=strategy)
-        context._searcher_metric_named = metric_named
+        if not metric_named:  # init() filled the searcher in
+            context._searcher_metric_named = False
         return context
 
     with open_trial_context(make_context, config, distributed, lambda: dist, run_dir, _seed) as context:

@@ -88,14 +88,32 @@ class ReduceLROnPlateau(_Resumable, _KerasReduceLROnPlateau):
     _fields = ("wait", "cooldown_counter", "best")
 
 
-class TensorBoard(_KerasTensorBoard):
+class TensorBoard(Callback, _KerasTensorBoard):
     """Keras's TensorBoard callback writing into the trial's TensorBoard folder (``log_dir`` is set by
-    ``det.keras.init``'s context when the callback is built with ``context``)."""
+    ``det.keras.init``'s context when the callback is built with ``context``), and checkpointed: its
+    batch counters (the steps of batch-level summaries) go on from where a resumed run stopped instead
+    of starting again at 0. Checkpoints written before it kept state resume with fresh counters."""
+
+    _optional_state = True  # older checkpoints hold no state for it
 
     def __init__(self, context: Any = None, **kwargs: Any) -> None:
         if context is not None and getattr(context, "_core", None) is not None:
             kwargs["log_dir"] = str(context._core.train.get_tensorboard_path())
         super().__init__(**kwargs)
+        self._resumed: tuple[int, int] | None = None
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_begin(logs)  # resets the counters (and opens the writers)
+        if self._resumed is not None:
+            self._global_train_batch, self._global_test_batch = self._resumed
+
+    def get_state(self) -> Any:
+        return {"train_batches": int(_plain(self._global_train_batch)),
+                "test_batches": int(_plain(self._global_test_batch))}
+
+    def load_state(self, state: Any) -> None:
+        self._resumed = (int(state.get("train_batches", 0)), int(state.get("test_batches", 0)))
+        self._global_train_batch, self._global_test_batch = self._resumed
 
 
 def _plain(value: Any) -> Any:

@@ -88,7 +88,6 @@ class Controller:
         self._exit: ExitReason | None = None
         self._last_validation: dict[str, Any] = {}
         self._progress: Progress | None = None
-        self._metric_checked = False
         self._checkpointer = Checkpointer(core=core, adapter=adapter, hooks=hooks)
         self._final_batch: int | None = None  # with max_length: nothing trains after this batch
 
@@ -270,16 +269,12 @@ class Controller:
             self._checkpoint_if_needed()
 
     def _check_searcher_metric(self, metrics: dict[str, Any]) -> None:
-        """At the first validation: a metric the config names must be among those the trial returns."""
+        """At every validation, whatever the checkpoint policy: a metric the user's config names must be
+        among those the trial returns (as in Determined). A searcher the user did not write (a plain
+        script's ``init()`` without one) has no metric here, so nothing is enforced."""
         metric = self._settings.searcher_metric
-        if metric is None or metric in metrics or self._metric_checked:
-            return
-        self._metric_checked = True
-        needed = self._settings.checkpoint_policy == "best" or self._settings.max_length is None
-        if needed:
-            _searcher_value(metrics, metric)  # raises, naming the metrics the trial returned
-        logger.warning("the config's searcher.metric %r is not among the validation metrics %s",
-                       metric, sorted(metrics))
+        if metric is not None and metric not in metrics:
+            raise KeyError(_missing_metric_message(metric, metrics))
 
     def _policy_wants_checkpoint(self, metrics: dict[str, Any]) -> bool:
         policy = self._settings.checkpoint_policy
@@ -349,14 +344,21 @@ class Controller:
                         total=total, initial=self._state.batches_trained)
 
 
+def _missing_metric_message(metric: str, metrics: dict[str, Any]) -> str:
+    """Determined's words for a searcher metric the trial does not return, and the two fixes."""
+    return (
+        f"Search method is configured to use metric {metric!r} but model definition returned validation "
+        f"metrics {sorted(metrics)}. The metric used by the search method must be one of the validation "
+        "metrics returned by the model definition: return it from evaluate_batch/evaluate_full_dataset "
+        "or change searcher.metric"
+    )
+
+
 def _searcher_value(metrics: dict[str, Any], metric: str | None) -> float:
     if metric is None:
         raise ValueError("checkpoint_policy='best' and searcher operations need searcher.metric in the config")
     if metric not in metrics:
-        raise KeyError(
-            f"the searcher metric {metric!r} is not among the validation metrics {sorted(metrics)}; "
-            "return it from evaluate_batch/evaluate_full_dataset or change searcher.metric"
-        )
+        raise KeyError(_missing_metric_message(metric, metrics))
     value = metrics[metric]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"the searcher metric {metric!r} must be a number, got {value!r}")

@@ -6,7 +6,7 @@ from determined_trials.pytorch import samplers
 from determined_trials.pytorch._callback import PyTorchCallback
 from determined_trials.pytorch._compat import TorchData, adapt_batch_sampler, to_device
 from determined_trials.pytorch._context import PyTorchTrialContext
-from determined_trials.pytorch._load import load_trial_from_checkpoint_path
+from determined_trials.pytorch._load import CheckpointLoadContext, load_trial_from_checkpoint_path
 from determined_trials.pytorch._lr_scheduler import LRScheduler
 from determined_trials.pytorch._reducer import MetricReducer, Reducer
 from determined_trials.pytorch._trainer import Trainer, init
@@ -16,6 +16,7 @@ from determined_trials.pytorch.samplers import data_length
 
 __all__ = [
     "Batch",
+    "CheckpointLoadContext",
     "DataLoader",
     "Epoch",
     "LRScheduler",

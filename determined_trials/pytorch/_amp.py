@@ -16,7 +16,8 @@ _SUPPORTED = (torch.float16, torch.bfloat16)
 
 
 def default_autocast_dtype(device: torch.device) -> torch.dtype:
-    """bfloat16 on CPU (fast there, no loss scaling needed), float16 on GPUs."""
+    """float16 on CUDA (with a GradScaler, as Determined's use_amp), bfloat16 elsewhere (the CPU:
+    fast there, and float32's range needs no loss scaling)."""
     return torch.bfloat16 if device.type == "cpu" else torch.float16
 
 

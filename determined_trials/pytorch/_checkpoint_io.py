@@ -3,7 +3,9 @@
 ``state_dict.pth`` holds models, optimizers, LR schedulers, scalers, callbacks and every RNG, all
 as tensors and plain values so it loads with ``torch.load(weights_only=True)``; ``load_data.json``
 names the trial class, hyperparameters and config so ``load_trial_from_checkpoint_path`` can
-rebuild the trial.
+rebuild the trial. The file is always read into host memory: RNG states must stay there, and
+``load_state_dict`` copies weights and optimizer state to wherever the model lives, so a checkpoint
+written on a GPU resumes on a CPU-only machine and the other way round.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import copy as _copy
 import itertools
 import json
+import logging
 import pickle
 import random
 from pathlib import Path
@@ -21,6 +24,7 @@ import torch
 import torch.utils.serialization  # noqa: F401 - torch.save imports it on first use: not in the first checkpoint
 
 from determined_trials.loop import HookRunner
+from determined_trials.pytorch._ddp import plain_module, plain_state_dict
 
 if TYPE_CHECKING:
     from determined_trials._trial_context import TrialContext
@@ -33,12 +37,15 @@ __all__ = [
     "capture_rng",
     "host_copy",
     "load_trial_state",
+    "restore_cuda_rng",
     "restore_rng",
     "save_trial_state",
     "snapshot_trial_state",
     "write_load_data",
     "write_trial_state",
 ]
+
+logger = logging.getLogger("determined_trials.pytorch")
 
 STATE_FILE = "state_dict.pth"
 LOAD_DATA_FILE = "load_data.json"
@@ -65,29 +72,49 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    """Put back what ``capture_rng`` returned."""
+    """Put back what ``capture_rng`` returned; its tensors may be on any device (they are read back
+    on the host first). CUDA RNG states are restored on every device when this machine has as many
+    GPUs as the one that saved them, else on the devices both have (with a warning)."""
     py = state["random_rng_state"]
-    random.setstate((int(py["version"]), tuple(int(w) for w in py["words"].tolist()), py["gauss"]))
+    random.setstate((int(py["version"]), tuple(int(w) for w in _host(py["words"]).tolist()), py["gauss"]))
     npy = state["np_rng_state"]
     np.random.set_state({
         "bit_generator": "MT19937",
-        "state": {"key": npy["key"].numpy().astype(np.uint32), "pos": int(npy["pos"])},
+        "state": {"key": _host(npy["key"]).numpy().astype(np.uint32), "pos": int(npy["pos"])},
         "has_gauss": int(npy["has_gauss"]),
         "gauss": float(npy["gauss"]),
     })
-    torch.set_rng_state(state["cpu_rng_state"])
-    if "gpu_rng_states" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["gpu_rng_states"])
+    torch.set_rng_state(_host(state["cpu_rng_state"]))
+    saved_cuda = state.get("gpu_rng_states")
+    if saved_cuda and torch.cuda.is_available():
+        restore_cuda_rng([_host(s) for s in saved_cuda])
 
 
-def _inner(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+def restore_cuda_rng(states: list[torch.Tensor]) -> None:
+    """Set every CUDA device's RNG state from ``states`` (host ByteTensors, one per device saved)."""
+    count = torch.cuda.device_count()
+    if len(states) == count:
+        torch.cuda.set_rng_state_all(states)
+        return
+    logger.warning(
+        "the checkpoint holds CUDA RNG states of %d device(s) but this machine has %d; restored on the "
+        "first %d only, so random numbers drawn on the others differ from an uninterrupted run",
+        len(states), count, min(len(states), count),
+    )
+    for index, rng in enumerate(states[:count]):
+        torch.cuda.set_rng_state(rng, index)
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in host memory (RNG states are read there; a copy only when it is elsewhere)."""
+    return tensor if tensor.device.type == "cpu" else tensor.cpu()
 
 
 def build_state_dict(context: PyTorchTrialContext, hooks: HookRunner) -> dict[str, Any]:
-    """Everything resumable of a trial, as one dict."""
+    """Everything resumable of a trial, as one dict; models under the keys of the user's modules
+    (no DDP ``module.`` or ``torch.compile`` ``_orig_mod.`` prefix)."""
     return {
-        "models_state_dict": [_inner(m).state_dict() for m in context.models],
+        "models_state_dict": [plain_module(m).state_dict() for m in context.models],
         "optimizers_state_dict": [o.state_dict() for o in context.optimizers],
         "lr_schedulers_state_dict": [s.state_dict() for s in context.lr_schedulers],
         "scalers_state_dict": [s.state_dict() for s in context.scalers],
@@ -104,13 +131,13 @@ def _pending_gradients(context: PyTorchTrialContext) -> list[list[torch.Tensor |
     """
     if context._aggregation_frequency == 1:
         return []
-    return [[None if p.grad is None else p.grad.detach().clone() for p in _inner(m).parameters()]
+    return [[None if p.grad is None else p.grad.detach().clone() for p in plain_module(m).parameters()]
             for m in context.models]
 
 
 def _restore_pending_gradients(saved: list[list[torch.Tensor | None]], models: list[torch.nn.Module]) -> None:
     for model, grads in zip(models, saved):
-        for param, grad in zip(_inner(model).parameters(), grads):
+        for param, grad in zip(plain_module(model).parameters(), grads):
             param.grad = None if grad is None else grad.to(param.device)
 
 
@@ -200,14 +227,16 @@ def host_copy(value: Any, reuse: Any = None) -> Any:
     return _copy.deepcopy(value)
 
 
-def read_state_file(path: Path, device: torch.device | str = "cpu", *, weights_only: bool = True) -> dict[str, Any]:
-    """Load ``state_dict.pth`` safely (weights_only, unless the caller opted out) with clear errors
-    when it is missing or holds pickled objects (e.g. a Determined 0.38 checkpoint's numpy RNG state)."""
+def read_state_file(path: Path, *, weights_only: bool = True) -> dict[str, Any]:
+    """Load ``state_dict.pth`` into host memory, safely (weights_only, unless the caller opted out), with
+    clear errors when it is missing or holds pickled objects (e.g. a Determined 0.38 checkpoint's numpy
+    RNG state). Whatever device wrote a tensor, it is read to the CPU: ``load_state_dict`` then copies
+    weights and optimizer state to the model's device, and RNG states never leave the host."""
     state_file = path / STATE_FILE
     if not state_file.exists():
         raise FileNotFoundError(f"{path} has no {STATE_FILE}: it is not a PyTorchTrial checkpoint")
     try:
-        loaded: dict[str, Any] = torch.load(state_file, map_location=device, weights_only=weights_only)
+        loaded: dict[str, Any] = torch.load(state_file, map_location="cpu", weights_only=weights_only)
     except pickle.UnpicklingError as err:
         if not weights_only:
             raise
@@ -222,7 +251,7 @@ def read_state_file(path: Path, device: torch.device | str = "cpu", *, weights_o
 
 def load_trial_state(path: Path, context: PyTorchTrialContext, hooks: HookRunner) -> None:
     """Restore models, optimizers, schedulers, scalers, callbacks and RNGs from ``path``."""
-    checkpoint = read_state_file(path, context.device)
+    checkpoint = read_state_file(path)
     hooks.call("on_checkpoint_load_start", checkpoint)
     load_models(checkpoint, context.models, path)
     _load_list("optimizer", checkpoint["optimizers_state_dict"], context.optimizers, path)
@@ -234,7 +263,8 @@ def load_trial_state(path: Path, context: PyTorchTrialContext, hooks: HookRunner
 
 
 def load_models(checkpoint: dict[str, Any], models: list[torch.nn.Module], path: Path) -> None:
-    """Load every wrapped model's weights; a mismatch says which model and why."""
+    """Load every wrapped model's weights into the user's module (compiled or not; a compiled wrapper's
+    ``_orig_mod.`` keys of older checkpoints are read as plain keys); a mismatch says which model and why."""
     saved = checkpoint.get("models_state_dict")
     if saved is None and "model_state_dict" in checkpoint:  # the single-model key of old checkpoints
         saved = [checkpoint["model_state_dict"]]
@@ -243,10 +273,11 @@ def load_models(checkpoint: dict[str, Any], models: list[torch.nn.Module], path:
     _check_count("model", saved, models, path)
     for index, (model, state) in enumerate(zip(models, saved)):
         try:
-            _inner(model).load_state_dict(state)
+            module = plain_module(model)
+            module.load_state_dict(plain_state_dict(state, module))
         except RuntimeError as err:
             raise RuntimeError(
-                f"checkpoint {path} does not fit model {index} ({type(_inner(model)).__name__}): {err}\n"
+                f"checkpoint {path} does not fit model {index} ({type(plain_module(model)).__name__}): {err}\n"
                 "Resume into the same model architecture (and hyperparameters) that wrote the checkpoint."
             ) from None
 

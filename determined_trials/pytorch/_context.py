@@ -250,7 +250,9 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
     # -- devices and AMP ------------------------------------------------------------------------
 
     def autocast(self, dtype: torch.dtype | None = None, enabled: bool = True) -> torch.autocast:
-        """`torch.autocast` on this device: bfloat16 on CPU, float16 on GPUs unless `dtype`."""
+        """`torch.autocast` on this device: float16 on CUDA, bfloat16 on the CPU, unless `dtype`.
+
+        float16 gradients need a scaler (`wrap_scaler`); `experimental.use_amp()` manages one."""
         return _amp.make_autocast(self._device, dtype, enabled)
 
     def _use_amp(self, dtype: torch.dtype | None) -> None:
@@ -275,8 +277,8 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
     # -- trainer state, TensorBoard, profiler ---------------------------------------------------
 
     def _inner_models(self) -> list[torch.nn.Module]:
-        """The user's modules (DDP wrappers removed), e.g. for state dicts without `module.`."""
-        return [_ddp.unwrap(model) for model in self.models]
+        """The user's modules (DDP and torch.compile wrappers removed), e.g. for state dicts with plain keys."""
+        return [_ddp.plain_module(model) for model in self.models]
 
 
 def _resolve_aggregation(argument: int, config: ExperimentConfig) -> int:

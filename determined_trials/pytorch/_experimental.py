@@ -32,10 +32,14 @@ class PyTorchExperimentalContext:
     def use_amp(self, dtype: torch.dtype | None = None) -> None:
         """Automatic mixed precision for every wrapped model, from now on.
 
-        Forwards run under autocast (bfloat16 on CPU, float16 on GPUs, or `dtype`) with
-        float32 outputs; with float16 a GradScaler is created (and checkpointed): `backward`
-        scales the loss, `step_optimizer` unscales before clipping and steps through it, and
-        the scaler is updated once after every batch that stepped. Call it in `__init__`.
+        Forwards run under autocast with float32 outputs. The dtype follows the device unless
+        `dtype` is given: on CUDA float16 with a GradScaler, as Determined's `use_amp()`; on the
+        CPU bfloat16 without one (float32's range needs no loss scaling, and CPU autocast computes
+        in bfloat16). So the same trial computes in float16 on a GPU and in bfloat16 on a CPU;
+        pass `dtype` to pick one everywhere. With float16 the GradScaler is created (and
+        checkpointed): `backward` scales the loss, `step_optimizer` unscales before clipping and
+        steps through it, and the scaler is updated once after every batch that stepped. Call it
+        in `__init__`. See docs/gpu.md.
         """
         self._context._use_amp(dtype)
 

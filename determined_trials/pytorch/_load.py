@@ -1,5 +1,6 @@
 """``load_trial_from_checkpoint_path``: rebuild a trial with its trained weights for inference or a
-warm start, from our checkpoints and (with an explicit opt-in to unpickling) Determined 0.38's."""
+warm start, from our checkpoints and (with an explicit opt-in to unpickling) Determined 0.38's; and
+``CheckpointLoadContext``, the context it builds the trial with (for trials with extra arguments)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,29 @@ from determined_trials.pytorch._checkpoint_io import LOAD_DATA_FILE, load_models
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._trial import PyTorchTrial
 
-__all__ = ["load_trial_from_checkpoint_path"]
+__all__ = ["CheckpointLoadContext", "load_trial_from_checkpoint_path"]
 
 logger = logging.getLogger("determined_trials.pytorch")
 
 _CODE_DIR = "code"
 _SEARCHER = {"name": "single", "metric": "validation_loss"}
+
+
+class CheckpointLoadContext(PyTorchTrialContext):
+    """A ``PyTorchTrialContext`` for building a trial outside training, e.g. to load a checkpoint's
+    weights into it (as in Determined): one process, trial seed 0, no Core API context (metrics and
+    checkpoints go nowhere). ``exp_conf`` is the recorded config (``load_data.json``'s); one that does
+    not validate here, or has no searcher, is read for what it can give. Use ``det.pytorch.init()`` to
+    train. ``device`` (a local addition) defaults to the default device (a GPU where there is one).
+
+    ``trial = MyTrial(det.pytorch.CheckpointLoadContext(hparams, exp_conf), extra_arg)``
+    """
+
+    def __init__(self, hparams: Mapping[str, Any] | None = None, exp_conf: Mapping[str, Any] | None = None,
+                 *, device: Any = None) -> None:
+        given = dict(hparams or {})
+        config = _recorded_config(exp_conf, given)
+        super().__init__(config=config, hparams=given, trial_seed=0, device=device)
 
 
 def load_trial_from_checkpoint_path(
@@ -37,7 +55,8 @@ def load_trial_from_checkpoint_path(
 
     ``trial_class`` defaults to the class named in the checkpoint (imported as is, else from its
     ``code/`` folder); ``trial_kwargs`` go to its constructor after the context. Only model weights
-    are loaded (not optimizers), on the CPU unless ``torch_load_kwargs={"map_location": ...}``.
+    are loaded (not optimizers), into a model on the CPU unless ``torch_load_kwargs={"map_location": ...}``
+    names its device (the file itself is always read into host memory first).
     The load is ``weights_only`` unless ``torch_load_kwargs={"weights_only": False}``: Determined 0.38
     checkpoints pickle numpy RNG state, so they need that opt-in (only for files you trust).
     """
@@ -56,17 +75,16 @@ def load_trial_from_checkpoint_path(
         raise TypeError(f"torch_load_kwargs['weights_only'] must be True or False, got {weights_only!r}")
     cls = trial_class or _import_trial_class(load_data["trial_cls_spec"], folder / _CODE_DIR)
     hparams = load_data.get("hparams") or {}
-    context = PyTorchTrialContext(config=_recorded_config(load_data, hparams), hparams=hparams, device=device)
+    context = CheckpointLoadContext(hparams, load_data.get("experiment_config"), device=device)
     trial = cls(context, **dict(trial_kwargs or {}))
-    checkpoint = read_state_file(folder, context.device, weights_only=weights_only)
+    checkpoint = read_state_file(folder, weights_only=weights_only)
     load_models(checkpoint, context.models, folder)
     return trial
 
 
-def _recorded_config(load_data: Mapping[str, Any], hparams: Mapping[str, Any]) -> ExperimentConfig:
+def _recorded_config(recorded: Any, hparams: Mapping[str, Any]) -> ExperimentConfig:
     """The checkpoint's config; Determined writes null when ``exp_conf`` was not given, and a full
     cluster config otherwise (its cluster-only keys are dropped quietly: it is a record, not a request)."""
-    recorded = load_data.get("experiment_config")
     raw = dict(recorded) if isinstance(recorded, Mapping) else {"hyperparameters": dict(hparams)}
     if not raw.get("searcher"):
         raw["searcher"] = _SEARCHER

@@ -183,26 +183,18 @@ class ReducerRegistry:
 
     def cross_slot(self, training: bool, gathered: Sequence[Sequence[Any]]) -> dict[str, Any]:
         """The metrics from every rank's ``per_slot`` payload (rank order), as Python values."""
-        active = self._active(training)
-        for rank, payload in enumerate(gathered):
-            if len(payload) != len(active):
-                raise ValueError(
-                    f"rank {rank} sent {len(payload)} reducer results but {len(active)} reducers "
-                    "are wrapped here; every rank must wrap the same reducers in the same order"
-                )
-        metrics: dict[str, Any] = {}
-        owners: dict[str, _Entry] = {}
-        for index, entry in enumerate(active):
-            result = _call(entry, "cross_slot_reduce", [payload[index] for payload in gathered])
-            for key, value in _named_results(entry, result).items():
-                if key in owners:
-                    raise ValueError(
-                        f"metric {key!r} is produced by both {owners[key].describe()} and "
-                        f"{entry.describe()}; rename one of them"
-                    )
-                owners[key] = entry
-                metrics[key] = _to_python(value)
-        return metrics
+        return _cross_slot(self._active(training), gathered)
+
+    def cross_slot_of(self, reducers: Sequence[Any], gathered: Sequence[Sequence[Any]]) -> dict[str, Any]:
+        """``cross_slot`` for the given wrapped reducers (what ``wrap`` returned), in their order."""
+        entries = []
+        for reducer in reducers:
+            found = [e for e in self._entries if e.reducer is reducer]
+            if not found:
+                raise ValueError(f"{type(reducer).__qualname__} object was not wrapped with wrap_reducer; pass "
+                                 "the reducers wrap_reducer returned")
+            entries.append(found[0])
+        return _cross_slot(entries, gathered)
 
     def reduce(self, training: bool, allgather: Allgather) -> dict[str, Any]:
         """Reduce every active reducer across ranks with ONE allgather (none if no reducers)."""
@@ -212,6 +204,30 @@ class ReducerRegistry:
 
     def _active(self, training: bool) -> list[_Entry]:
         return [e for e in self._entries if (e.for_training if training else e.for_validation)]
+
+
+def _cross_slot(active: Sequence[_Entry], gathered: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """The metrics of ``active`` from every rank's payload of their ``per_slot_reduce`` results (rank
+    order), as Python values."""
+    for rank, payload in enumerate(gathered):
+        if len(payload) != len(active):
+            raise ValueError(
+                f"rank {rank} sent {len(payload)} reducer results but {len(active)} reducers "
+                "are wrapped here; every rank must wrap the same reducers in the same order"
+            )
+    metrics: dict[str, Any] = {}
+    owners: dict[str, _Entry] = {}
+    for index, entry in enumerate(active):
+        result = _call(entry, "cross_slot_reduce", [payload[index] for payload in gathered])
+        for key, value in _named_results(entry, result).items():
+            if key in owners:
+                raise ValueError(
+                    f"metric {key!r} is produced by both {owners[key].describe()} and "
+                    f"{entry.describe()}; rename one of them"
+                )
+            owners[key] = entry
+            metrics[key] = _to_python(value)
+    return metrics
 
 
 def _check_wrap_args(reducer: Any, name: Any, for_training: Any, for_validation: Any) -> None:

@@ -1,11 +1,9 @@
 """What every torch-based trial context offers besides wrapping (PyTorch and DeepSpeed): where its
-fields come from, the device and `to_device`, reducers, the stop flag, the initial batch, TensorBoard
-(folder, lazy writer, metric-logging switch) and the profiler."""
+fields come from, the device and `to_device`, reducers (wrapped, reset and reduced as Determined's
+context does), TensorBoard (lazy writer, metric-logging switch) and the profiler."""
 
 from __future__ import annotations
 
-import logging
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -19,16 +17,20 @@ from determined_trials.pytorch._tensorboard import make_profiler, make_summary_w
 
 if TYPE_CHECKING:
     from determined_trials.core import Context
+    from determined_trials.core._distributed import DistributedContext
 
 __all__ = ["TrialServices"]
-
-logger = logging.getLogger("determined_trials.pytorch")
-
 
 class TrialServices:
     """Mixin of the PyTorch and DeepSpeed trial contexts; ``_init_services`` sets its fields."""
 
     _core: Context | None  # set by TrialContext._init_identity
+
+    if TYPE_CHECKING:  # TrialContext's: every context with this mixin is one
+        @property
+        def distributed(self) -> DistributedContext: ...
+
+        def get_tensorboard_path(self) -> Path: ...
 
     def _init_services(self, core_context: Context | None, enable_tensorboard_logging: bool,
                        device: torch.device) -> None:
@@ -36,10 +38,7 @@ class TrialServices:
         self._moved_warned: set[type] = set()
         self.reducers = ReducerRegistry()
         self.set_enable_tensorboard_logging(enable_tensorboard_logging)
-        self._stop_requested = False
-        self._initial_batch = 0 if core_context is None else core_context.info.trial.steps_completed
         self._tb_writer: Any = None
-        self._tb_fallback: Path | None = None
         self._profiler: torch.profiler.profile | None = None
 
     @property
@@ -64,19 +63,25 @@ class TrialServices:
         object to `update()`. See `ReducerRegistry.wrap`."""
         return self.reducers.wrap(reducer, name=name, for_training=for_training, for_validation=for_validation)
 
-    def set_stop_requested(self, stop_requested: bool) -> None:
-        """Ask the trainer to stop (with a checkpoint) at the end of the current batch."""
-        if not isinstance(stop_requested, bool):
-            raise TypeError(f"set_stop_requested takes True or False, got {stop_requested!r}")
-        self._stop_requested = stop_requested
+    def reset_reducers(self) -> None:
+        """Reset every wrapped reducer (the trainer does this before each training run and validation)."""
+        self.reducers.reset(True)
+        self.reducers.reset(False)
 
-    def get_stop_requested(self) -> bool:
-        """Whether a stop was requested with `set_stop_requested(True)`."""
-        return self._stop_requested
+    def reduce_metrics(self, for_training: bool) -> dict[str, Any]:
+        """The metrics of the reducers wrapped for training (True) or validation (False), reduced across
+        every process with one allgather; call it on every process."""
+        return self.reducers.reduce(for_training, self._allgather)
 
-    def get_initial_batch(self) -> int:
-        """The number of batches trained before this run started (non-zero when resuming)."""
-        return self._initial_batch
+    def run_cross_slot_reduction(self, reducables: list[Any], per_slot_metrics: list[list[Any]]) -> dict[str, Any]:
+        """The metrics of ``reducables`` (reducers ``wrap_reducer`` returned) from every process's
+        ``per_slot_reduce()`` results, ``per_slot_metrics[process][i]`` being ``reducables[i]``'s (e.g.
+        gathered on the chief), named as they were wrapped."""
+        return self.reducers.cross_slot_of(reducables, per_slot_metrics)
+
+    def _allgather(self, payload: Any) -> list[Any]:
+        dist = self.distributed
+        return dist.allgather(payload) if dist.get_size() > 1 else [payload]
 
     def get_enable_tensorboard_logging(self) -> bool:
         """Whether the trainer writes reported metrics to TensorBoard."""
@@ -87,15 +92,6 @@ class TrialServices:
         if not isinstance(enable_tensorboard_logging, bool):
             raise TypeError(f"enable_tensorboard_logging must be True or False, got {enable_tensorboard_logging!r}")
         self._enable_tensorboard_logging = enable_tensorboard_logging
-
-    def get_tensorboard_path(self) -> Path:
-        """The folder for this process's TensorBoard files."""
-        if self._core is not None:
-            return Path(self._core.train.get_tensorboard_path())
-        if self._tb_fallback is None:
-            self._tb_fallback = Path(tempfile.mkdtemp(prefix="det-trials-tensorboard-"))
-            logger.info("no Core API context: TensorBoard files go to %s", self._tb_fallback)
-        return self._tb_fallback
 
     def get_tensorboard_writer(self) -> Any:
         """A `torch.utils.tensorboard.SummaryWriter` in the trial's TensorBoard folder (created on

@@ -82,7 +82,8 @@ def init(
             core_context=core_context, config=config, hparams=hparams,
             aggregation_frequency=aggregation_frequency, enable_tensorboard_logging=enable_tensorboard_logging,
         )
-        context._searcher_metric_named = metric_named
+        if not metric_named:  # init() filled the searcher in
+            context._searcher_metric_named = False
         return context
 
     with open_trial_context(make_context, config, distributed, _distributed_from_environment, run_dir,

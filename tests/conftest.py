@@ -1,0 +1,40 @@
+"""Fixtures every test module may use: ``cpu_device`` for tests whose expectations hold on the CPU,
+``fresh_dynamo`` for tests of ``torch.compile``d models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def cpu_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This test needs the CPU: trial contexts built without ``device=`` pick the CPU even where CUDA is
+    available, and child processes (launchers, workers) see no GPU and DeepSpeed's CPU accelerator."""
+    import torch
+
+    from determined_trials.deepspeed import _context as deepspeed_context
+    from determined_trials.pytorch import _context as pytorch_context
+
+    def cpu(local_rank: int, size: int) -> Any:
+        return torch.device("cpu")
+
+    monkeypatch.setattr(pytorch_context, "default_device", cpu)
+    monkeypatch.setattr(deepspeed_context, "default_device", cpu)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    yield
+
+
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    """Compiled runs start from empty dynamo caches, and hitting the recompile limit (a silent fall back
+    to uncompiled code, which would compare compiled numbers with eager ones) is an error."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        yield
+    torch._dynamo.reset()
