@@ -48,17 +48,21 @@ def _live_owner(store: LocalStore, experiment_id: int) -> int | None:
 
 
 def _kill(args: argparse.Namespace) -> int:
+    from determined_trials.experiment._runner import KILLED_REASON
+
     store = _common.open_store(args)
     exp = store.experiment(args.experiment_id)
     if exp.state not in _UNFINISHED:
         raise _common.CliError(f"experiment {exp.id} is {exp.state} already; nothing to kill")
     pid = _live_owner(store, exp.id)
+    # Marked first: a runner that sees CANCELED on the signal stops its trials and ends CANCELED, not PAUSED.
+    store.set_experiment_state(exp.id, "CANCELED", KILLED_REASON)
     if pid is not None:
         _stop_runner(exp.id, pid)
     for trial in store.trials(exp.id):
         if trial.state in _UNFINISHED:
             store.set_trial_state(trial.id, "CANCELED", "experiment killed")
-    store.set_experiment_state(exp.id, "CANCELED", "killed with `det-trials experiment kill`")
+    store.set_experiment_state(exp.id, "CANCELED", KILLED_REASON)
     print(f"experiment {exp.id} killed: its trials are CANCELED (their checkpoints are kept)")
     return 0
 

@@ -14,7 +14,7 @@ from determined_trials.core.store._local import LocalStore
 
 __all__ = ["checkpoint_storage_for", "group_of", "register", "trial_log_path"]
 
-_EXIT = {"COMPLETED": 0, "ERROR": 1, "PAUSED": 75}
+_EXIT = {"COMPLETED": 0, "ERROR": 1, "CANCELED": 3, "PAUSED": 75}
 _FOLLOW_POLL_S = 0.2
 
 
