@@ -39,6 +39,22 @@ def test_snapshot_honours_detignore_and_leaves_out_bytecode_and_run_dir(tmp_path
     assert copied == [".detignore", "data/keep.txt", "pkg/model.py", "train.py"]
 
 
+def test_snapshot_leaves_out_every_run_folder_and_says_which(tmp_path: Path) -> None:
+    ctx = tmp_path / "ctx"
+    for rel in ("train.py", "runs_fit/store.sqlite", "runs_fit/checkpoints/a/state.pt", "old/det-runs/store.sqlite",
+                "old/det-runs/experiments/1/model/train.py", "data/store.txt", "active/store.sqlite"):
+        _write(ctx / rel)
+    said: list[str] = []
+    dest = tmp_path / "dest"
+    snapshot_context(ctx, dest, exclude=[ctx / "active"], say=said.append)
+    copied = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert copied == ["data/store.txt", "train.py"]
+    assert said == ["left out of the context snapshot: old/det-runs/, runs_fit/ (run folders: they hold store.sqlite)"]
+    said.clear()
+    snapshot_context(ctx / "data", tmp_path / "dest2", say=said.append)
+    assert said == []  # nothing left out: nothing said
+
+
 def test_snapshot_never_copies_into_itself_without_exclude(tmp_path: Path) -> None:
     _write(tmp_path / "a.py")
     dest = tmp_path / "snap"

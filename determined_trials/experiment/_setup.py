@@ -93,10 +93,11 @@ def _configured_parallel(config: ExperimentConfig) -> int | None:
     return int(config.searcher.max_concurrent_trials) or (len(visible_gpus()) or os.cpu_count() or 1)
 
 
-def _snapshot_to_staging(context_dir: Path, run_path: Path, max_bytes: int) -> Path:
+def _snapshot_to_staging(context_dir: Path, run_path: Path, max_bytes: int, display: Display) -> Path:
     staging = run_path / "experiments" / f".staging-{uuid.uuid4().hex}"
     try:
-        snapshot_context(context_dir, staging / "model", exclude=[run_path], max_bytes=max_bytes)
+        snapshot_context(context_dir, staging / "model", exclude=[run_path], max_bytes=max_bytes,
+                         say=lambda line: display.echo(f"det-trials: {line}"))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -132,7 +133,8 @@ def create_experiment(
     searcher = (searcher_factory or _default_searcher)(parsed)
     run_path = resolve_run_dir(run_dir)
     store = LocalStore(run_path)
-    staging = _snapshot_to_staging(Path(context_dir), run_path, max_context_bytes)
+    display = display or Display(progress=False)
+    staging = _snapshot_to_staging(Path(context_dir), run_path, max_context_bytes, display)
     try:
         check_entrypoint(parsed, staging / "model")
     except BaseException as exc:
