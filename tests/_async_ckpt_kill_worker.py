@@ -20,8 +20,8 @@ from pytorch_trials import ResumeTrial, config
 import determined_trials.pytorch._adapter as adapter_module
 import determined_trials.pytorch._experimental as experimental
 from determined_trials import pytorch
-from determined_trials.core.store._local import LocalStore
 from determined_trials.core.storage import DirectoryStorage
+from determined_trials.core.store._local import LocalStore
 
 _writes = {"n": 0}
 

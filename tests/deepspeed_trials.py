@@ -13,8 +13,8 @@ from torch import nn
 
 from determined_trials import deepspeed as det_ds
 from determined_trials import pytorch
-from determined_trials.pytorch.data._plan import epoch_permutation
 from determined_trials.pytorch._trainer import seed_everything
+from determined_trials.pytorch.data._plan import epoch_permutation
 
 os.environ.setdefault("DET_DEEPSPEED_SHM_COMM", "0")  # no JIT build of DeepSpeed's shm op in tests
 

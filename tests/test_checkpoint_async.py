@@ -23,8 +23,8 @@ import determined_trials.pytorch._adapter as adapter_module
 import determined_trials.pytorch._checkpoint_io as checkpoint_io
 import determined_trials.pytorch._experimental as experimental
 from determined_trials import core, pytorch
-from determined_trials.core.store._checkpoint_recovery import recover_checkpoints
 from determined_trials.core.storage import DirectoryStorage
+from determined_trials.core.store._checkpoint_recovery import recover_checkpoints
 from determined_trials.loop._checkpointing import uses_async_save
 from determined_trials.pytorch import Batch
 

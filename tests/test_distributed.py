@@ -20,8 +20,8 @@ import pytest
 import zmq
 
 from determined_trials.core import _distributed
-from determined_trials.core.transport import _addresses
 from determined_trials.core._distributed import DistributedContext, dummy_distributed
+from determined_trials.core.transport import _addresses
 from determined_trials.core.transport._chief import ChiefEnd
 from determined_trials.core.transport._common import StarSpec
 from determined_trials.core.transport._worker import WorkerEnd

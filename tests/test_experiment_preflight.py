@@ -13,8 +13,8 @@ from _experiment_helpers import create, make_context
 
 from determined_trials.core import LocalStore
 from determined_trials.experiment import create_experiment
-from determined_trials.experiment._preflight import trial_spec_of
 from determined_trials.experiment._errors import ExperimentError
+from determined_trials.experiment._preflight import trial_spec_of
 
 TRIAL_FILE = '''
 from determined_trials import pytorch
