@@ -8,13 +8,14 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from determined_trials.config import ExperimentConfig, load_config
+from determined_trials.config import ConfigWarning, ExperimentConfig, load_config
 from determined_trials.core._context import resolve_run_dir
 from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import release_dead_owners
@@ -129,7 +130,9 @@ def create_experiment(
     if parsed.entrypoint is None:
         raise ConfigError("the experiment config has no entrypoint; add e.g. `entrypoint: model_def:MyTrial` "
                           "(a PyTorchTrial) or `entrypoint: python3 train.py` (a Core API script)")
-    parsed = load_config(_absolute_storage(parsed.as_dict(), Path.cwd()))
+    with warnings.catch_warnings():  # said by the first parse already
+        warnings.simplefilter("ignore", ConfigWarning)
+        parsed = load_config(_absolute_storage(parsed.as_dict(), Path.cwd()))
     searcher = (searcher_factory or _default_searcher)(parsed)
     run_path = resolve_run_dir(run_dir)
     store = LocalStore(run_path)
