@@ -21,7 +21,7 @@ from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import release_dead_owners
 from determined_trials.errors import ConfigError
 from determined_trials.experiment._errors import ExperimentError
-from determined_trials.experiment._preflight import PreflightError, check_entrypoint
+from determined_trials.experiment._preflight import PreflightError, check_command, check_entrypoint
 from determined_trials.experiment._report import Display, TrialSummary, summarize_trials
 from determined_trials.experiment._runner import ExperimentRunner
 from determined_trials.experiment._snapshot import DEFAULT_MAX_CONTEXT_BYTES, snapshot_context
@@ -130,6 +130,10 @@ def create_experiment(
     if parsed.entrypoint is None:
         raise ConfigError("the experiment config has no entrypoint; add e.g. `entrypoint: model_def:MyTrial` "
                           "(a PyTorchTrial) or `entrypoint: python3 train.py` (a Core API script)")
+    try:
+        check_command(parsed.entrypoint, Path(context_dir).resolve())
+    except PreflightError as exc:
+        raise ExperimentError(str(exc)) from None
     with warnings.catch_warnings():  # said by the first parse already
         warnings.simplefilter("ignore", ConfigWarning)
         parsed = load_config(_absolute_storage(parsed.as_dict(), Path.cwd()))
