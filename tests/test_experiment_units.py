@@ -162,3 +162,13 @@ def test_display_with_progress_bar_and_quiet(capsys: pytest.CaptureFixture[str])
     quiet = Display(quiet=True)
     quiet.echo("nothing")
     assert capsys.readouterr().out == ""
+
+
+def test_the_final_trials_table_cuts_hyperparameters_to_fit() -> None:
+    from determined_trials.experiment import TrialSummary, trials_table
+
+    rows = [TrialSummary(i, {f"hparam_{k}": k for k in range(20)}, "COMPLETED", 0.5, "c" * 36, 0) for i in (1, 2)]
+    whole = trials_table(rows, "loss")
+    assert "hparam_19=19" in whole and max(len(x) for x in whole.splitlines()) > 200
+    fitted = trials_table(rows, "loss", fit=120)
+    assert max(len(x) for x in fitted.splitlines()) <= 120 and "…" in fitted and "c" * 36 in fitted
