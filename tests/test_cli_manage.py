@@ -95,7 +95,9 @@ def test_kill_stops_a_running_experiment_and_cancels_its_trials(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_a_killed_runner_says_canceled_exits_3_and_leaves_no_launch_folder(tmp_path: Path) -> None:
+def test_a_killed_runner_says_canceled_exits_3_and_leaves_no_launch_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
     temp = tmp_path / "tmp"  # the runner's and its trials' temp folder, where the launcher makes its folder
     temp.mkdir()
     config, ctx = make_context(tmp_path, {"sleep": 0.1, "ckpt_every": 2},
@@ -125,6 +127,8 @@ def test_a_killed_runner_says_canceled_exits_3_and_leaves_no_launch_folder(tmp_p
     assert not list(temp.glob("det-launch-*")), text
     store = LocalStore(runs)
     assert store.experiment(1).state == "CANCELED" and store.trial(1).state == "CANCELED"
+    assert main(["--run-dir", str(runs), "experiment", "continue", "1"]) == 2
+    assert "experiment 1 is CANCELED, not PAUSED: it was killed; create a new experiment" in capsys.readouterr().err
 
 
 @pytest.mark.slow

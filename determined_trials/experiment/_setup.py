@@ -177,7 +177,8 @@ def continue_experiment(
     exp = store.experiment(experiment_id)
     if exp.state != "PAUSED" or exp.searcher_state is None or exp.model_dir is None:
         hint = {"ACTIVE": "it is running; pause it with Ctrl-C or SIGTERM first",
-                "COMPLETED": "it has finished", "ERROR": "it failed; create a new experiment"}
+                "COMPLETED": "it has finished", "ERROR": "it failed; create a new experiment",
+                "CANCELED": "it was killed; create a new experiment (its checkpoints are kept)"}
         raise ExperimentError(f"experiment {experiment_id} is {exp.state}, not PAUSED: "
                               f"{hint.get(exp.state, 'only a paused experiment can continue')}")
     parsed = load_config(exp.config)
