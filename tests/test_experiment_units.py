@@ -20,6 +20,7 @@ from determined_trials.experiment import (
     visible_gpus,
 )
 from determined_trials.experiment._launch import trial_command
+from determined_trials.experiment._runner import KILLED_REASON
 
 
 def _write(path: Path, text: str = "x") -> None:
@@ -172,3 +173,75 @@ def test_the_final_trials_table_cuts_hyperparameters_to_fit() -> None:
     assert "hparam_19=19" in whole and max(len(x) for x in whole.splitlines()) > 200
     fitted = trials_table(rows, "loss", fit=120)
     assert max(len(x) for x in fitted.splitlines()) <= 120 and "…" in fitted and "c" * 36 in fitted
+
+
+class _Handle:
+    """A trial that runs until it is killed; ``on_poll`` plays what happens outside while it runs."""
+
+    def __init__(self, on_poll: Any) -> None:
+        self.terminated = self.killed = False
+        self._on_poll = on_poll
+
+    def poll(self) -> int | None:
+        self._on_poll(self)
+        return -9 if self.killed else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        return -9
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def reason(self, code: int) -> str:
+        return f"exit {code}"
+
+
+class _Executor:
+    def __init__(self, on_poll: Any) -> None:
+        self.handles: list[_Handle] = []
+        self._on_poll = on_poll
+
+    def prepare(self, config: Any, storage: Any) -> None:
+        """Nothing to check."""
+
+    def start(self, job: Any) -> _Handle:
+        self.handles.append(_Handle(self._on_poll))
+        return self.handles[-1]
+
+    def close(self) -> None:
+        """Nothing held."""
+
+
+@pytest.mark.parametrize("paused_first", [False, True])
+def test_a_runner_whose_experiment_was_killed_ends_canceled_not_paused(tmp_path: Path, paused_first: bool) -> None:
+    from determined_trials.config import load_config
+    from determined_trials.experiment._runner import ExperimentRunner
+    from determined_trials.searcher import make_searcher
+
+    config = load_config({"entrypoint": "python3 x.py", "searcher": {"name": "single", "metric": "loss",
+                                                                      "max_length": 5}})
+    store = LocalStore(tmp_path / "runs")
+    exp = store.create_experiment(name="x", config=config.as_dict())
+    polls = {"n": 0}
+
+    def outside(handle: _Handle) -> None:  # what `experiment kill` does: mark CANCELED, then signal the runner
+        polls["n"] += 1
+        if paused_first and polls["n"] == 1:
+            runner.request_stop()  # a Ctrl-C first: the trial is asked to checkpoint and stop...
+        elif polls["n"] == (3 if paused_first else 1):
+            store.set_experiment_state(exp, "CANCELED", "killed")  # ... and killed while it does
+            runner.request_stop()
+
+    executor = _Executor(outside)
+    runner = ExperimentRunner(store=store, experiment_id=exp, config=config, searcher=make_searcher(config),
+                              exp_dir=tmp_path / "exp", model_dir=tmp_path, config_path=tmp_path / "c.yaml",
+                              display=Display(progress=False), executor=executor)
+    runner.start_fresh()
+    assert runner.run() == "CANCELED"
+    (handle,) = executor.handles
+    assert handle.killed and handle.terminated == paused_first
+    assert store.experiment(exp).state == "CANCELED" and store.experiment(exp).reason == KILLED_REASON
+    assert [t.state for t in store.trials(exp)] == ["CANCELED"]

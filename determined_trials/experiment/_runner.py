@@ -79,6 +79,7 @@ class ExperimentRunner:
         self._running: dict[int, _Running] = {}
         self._ended_by_searcher: dict[int, tuple[Work, int]] = {}  # trial id -> (work, last length)
         self._stop_requests = 0
+        self._stop_requests_seen = 0
         self._pausing = False
         self._killed = False
         self._canceled = False  # `det-trials experiment kill`: the experiment ends CANCELED
@@ -150,13 +151,15 @@ class ExperimentRunner:
             time.sleep(_POLL_S)
 
     def _apply_stop(self) -> None:
-        if self._stop_requests and not self._pausing:
-            self._pausing = True
-            if self.store.experiment(self.experiment_id).state == "CANCELED":  # marked by `experiment kill`
-                self._canceled = True
+        if self._stop_requests > self._stop_requests_seen:  # a new signal: from `experiment kill`? (even mid-pause)
+            self._stop_requests_seen = self._stop_requests
+            if not self._canceled and self.store.experiment(self.experiment_id).state == "CANCELED":
+                self._canceled = self._pausing = True
                 self._say("the experiment was killed (`det-trials experiment kill`): stopping its trials now")
                 self._kill_all()
                 return
+        if self._stop_requests and not self._pausing:
+            self._pausing = True
             if self._running:
                 self._say(f"pausing: asking {len(self._running)} running trial(s) to checkpoint and stop "
                           "(Ctrl-C again to kill them)")
