@@ -14,6 +14,9 @@ from typing import Any, TextIO
 
 __all__ = ["FORMATS", "Column", "emit", "flat_hparams", "human_size", "jsonable", "local_time", "table", "text"]
 
+_ELLIPSIS = "…"
+_MIN_SQUEEZED = 12  # a squeezed column keeps at least this many characters (or its title's)
+
 FORMATS = ("table", "csv", "json")
 
 
@@ -85,12 +88,40 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def table(columns: Sequence[Column], rows: Sequence[Sequence[Any]]) -> str:
-    """An aligned plain-text table; numeric columns are right-aligned."""
+def _squeeze(columns: Sequence[Column], widths: list[int], fit: int, squeeze: Sequence[str]) -> list[int]:
+    """Column widths narrowed, the ``squeeze`` keys first to last, until the table fits ``fit``
+    characters (or every squeezable column is at its minimum)."""
+    widths = list(widths)
+    excess = sum(widths) + 2 * (len(widths) - 1) - fit
+    for key in squeeze:
+        if excess <= 0:
+            break
+        index = next((i for i, c in enumerate(columns) if c.key == key), None)
+        if index is None:
+            continue
+        floor = max(len(columns[index].title), _MIN_SQUEEZED)
+        cut = min(excess, max(0, widths[index] - floor))
+        widths[index] -= cut
+        excess -= cut
+    return widths
+
+
+def _clip(cell: str, width: int) -> str:
+    return cell if len(cell) <= width else cell[: max(0, width - len(_ELLIPSIS))] + _ELLIPSIS
+
+
+def table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], *, fit: int | None = None,
+          squeeze: Sequence[str] = ()) -> str:
+    """An aligned plain-text table; numeric columns are right-aligned. With ``fit`` (a terminal's
+    width), the columns keyed in ``squeeze`` are narrowed, their long cells cut with an ellipsis,
+    until the table fits."""
     cells = [[text(v) for v in row] for row in rows]
     widths = [len(c.title) for c in columns]
     for row in cells:
         widths = [max(w, len(cell)) for w, cell in zip(widths, row)]
+    if fit is not None and squeeze:
+        widths = _squeeze(columns, widths, fit, squeeze)
+        cells = [[_clip(cell, w) for cell, w in zip(row, widths)] for row in cells]
     numeric = [
         bool(rows) and all(_is_number(row[i]) or row[i] is None for row in rows) for i in range(len(columns))
     ]
@@ -120,14 +151,18 @@ def emit(
     columns: Sequence[Column],
     rows: Sequence[Sequence[Any]],
     records: Any,
+    *,
+    fit: int | None = None,
+    squeeze: Sequence[str] = (),
 ) -> None:
-    """Write ``rows`` as a table or CSV, or ``records`` (the full data) as JSON, to ``out``."""
+    """Write ``rows`` as a table (fitted to ``fit`` characters by narrowing the ``squeeze`` columns)
+    or CSV, or ``records`` (the full data) as JSON, to ``out``."""
     if fmt == "json":
         out.write(json.dumps(jsonable(records), indent=2, allow_nan=False) + "\n")
     elif fmt == "csv":
         out.write(_csv(columns, rows))
     else:
-        out.write(table(columns, rows))
+        out.write(table(columns, rows, fit=fit, squeeze=squeeze))
 
 
 def flat_hparams(hparams: dict[str, Any], prefix: str = "") -> list[str]:

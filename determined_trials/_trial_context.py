@@ -29,6 +29,24 @@ __all__ = ["TrialContext", "TrialIdentity"]
 _T = TypeVar("_T", bound="TrialContext")
 logger = logging.getLogger("determined_trials")
 
+_PYTORCH = "det.pytorch.PyTorchTrialContext"
+_DEEPSPEED = "det.pytorch.deepspeed.DeepSpeedTrialContext"
+_KERAS = "det.keras.TFKerasTrialContext"
+_TORCH_BASED = (_PYTORCH, _DEEPSPEED)
+# What only a trial family's context has: asked of another context, the error names the one to build.
+_FAMILY_ONLY: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("wrap_model", "wrap_optimizer"), (_PYTORCH, _KERAS)),
+    **dict.fromkeys(("wrap_lr_scheduler", "wrap_scaler", "backward", "step_optimizer", "autocast"), (_PYTORCH,)),
+    **dict.fromkeys(("device", "to_device", "wrap_reducer", "get_initial_batch", "get_enable_tensorboard_logging",
+                     "set_enable_tensorboard_logging", "get_tensorboard_path", "get_tensorboard_writer",
+                     "set_profiler", "current_train_batch"), _TORCH_BASED),
+    **dict.fromkeys(("set_stop_requested", "get_stop_requested"), (*_TORCH_BASED, _KERAS)),
+    **dict.fromkeys(("wrap_model_engine", "set_mpu", "mpu", "use_pipeline_parallel",
+                     "disable_auto_grad_accumulation", "disable_dataset_reproducibility_checks",
+                     "get_train_micro_batch_size_per_gpu", "get_num_micro_batches_per_slot"), (_DEEPSPEED,)),
+    **dict.fromkeys(("wrap_dataset", "configure_fit"), (_KERAS,)),
+}
+
 
 class TrialIdentity(TypedDict, total=False):
     """The keyword arguments every family's context takes besides ``core_context``: each one given wins over
@@ -99,9 +117,27 @@ class TrialContext:
         if identity.get("config") is None and core_context is not None and not core_context._config_written:
             self._searcher_metric_named = False  # core.init() made the config up: its searcher is not the user's
 
+    if not TYPE_CHECKING:  # for mypy, attributes stay checked
+
+        def __getattr__(self, name: str) -> Any:
+            """Only reached for a missing attribute: a family's method (``wrap_model``...) names the
+            family context to build instead."""
+            families = _FAMILY_ONLY.get(name)
+            if families is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            calls = " or ".join(f"`{family}.from_config(config)`" for family in families)
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}: {name} belongs to a trial family's "
+                f"context; build one with {calls} (a bare det.TrialContext knows only hyperparameters, config, "
+                "ids and batch sizes)"
+            )
+
     @classmethod
     def from_config(cls: type[_T], config: ConfigSource) -> _T:  # noqa: PYI019
-        """Build a context for debugging outside any launcher (e.g. in a REPL or a notebook).
+        """Build a context for debugging outside any launcher (e.g. in a REPL or a notebook); for a
+        trial class, call it on the trial family's context (``det.pytorch.PyTorchTrialContext``,
+        ``det.pytorch.deepspeed.DeepSpeedTrialContext``, ``det.keras.TFKerasTrialContext``), which has
+        ``wrap_model`` and the rest; this base one has hyperparameters, config, ids and batch sizes.
 
         `config` is anything `load_config` accepts; a config without `searcher` gets a
         `single` searcher (metric `validation_loss`, max_length 100 batches). Hyperparameters

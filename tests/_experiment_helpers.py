@@ -54,13 +54,14 @@ def final_states(store: LocalStore, experiment_id: int) -> dict[int, dict[str, A
     return out
 
 
-def start_runner(run_dir: Path, config: Path, ctx: Path, out: Path) -> subprocess.Popen[bytes]:
-    """`det-trials experiment create` in a process (and session) of its own, its output in ``out``;
-    returns once trial 1 wrote a checkpoint."""
+def start_runner(run_dir: Path, config: Path, ctx: Path, out: Path,
+                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`det-trials experiment create` in a process (and session) of its own (``env``: its environment,
+    default ours), its output in ``out``; returns once trial 1 wrote a checkpoint."""
     with open(out, "wb") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "determined_trials.cli.main", "--run-dir", str(run_dir),
                                  "experiment", "create", str(config), str(ctx), "--no-progress"],
-                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     deadline = time.monotonic() + 120
     try:
         while not (run_dir / "store.sqlite").exists() or not LocalStore(run_dir).checkpoints():

@@ -143,6 +143,32 @@ def test_checkpoint_list(capsys: pytest.CaptureFixture[str], run_dir: Path) -> N
     assert [(c["uuid"], c["resources"]) for c in _strict_json(out)] == [("ckpt-b", {"model.pt": 10})]
 
 
+def test_tables_fit_the_terminal_and_wide_prints_everything(
+    capsys: pytest.CaptureFixture[str], run_dir: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = LocalStore(run_dir)
+    long = {f"hparam_{i}": 0.001 * i for i in range(12)}  # a wide grid's trial: ~190 characters of hparams
+    store.create_trial(experiment_id=1, hparams=long, seed=13)
+    store.close()
+    monkeypatch.chdir(run_dir.parent)
+    monkeypatch.setenv("COLUMNS", "140")
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # a terminal 140 characters wide
+    code, out, _ = _run(capsys, run_dir, "trial", "list")
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= 140, out
+    row = out.splitlines()[-1]
+    assert "hparam_0=0 hparam_1=0.001" in row and "…" in row and "hparam_11" not in row
+    assert row.split()[-2:][0].count("-") == 2  # STARTED still whole (a date)
+    code, out, _ = _run(capsys, run_dir, "trial", "list", "--wide")
+    assert "hparam_11=0.011" in out and "…" not in out
+    code, out, _ = _run(capsys, run_dir, "checkpoint", "list")
+    assert f"{run_dir}" not in out and "  runs/checkpoints" in out  # from where we are, once per row
+    code, out, _ = _run(capsys, run_dir, "checkpoint", "list", "--wide")
+    assert str(run_dir / "checkpoints") in out
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)  # a pipe: every cell whole
+    code, out, _ = _run(capsys, run_dir, "trial", "list")
+    assert "hparam_11=0.011" in out
+
+
 def test_empty_store_prints_headers(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     LocalStore(tmp_path)
     code, out, _ = _run(capsys, tmp_path, "trial", "list")

@@ -95,6 +95,43 @@ def test_kill_stops_a_running_experiment_and_cancels_its_trials(tmp_path: Path) 
 
 
 @pytest.mark.slow
+def test_a_killed_runner_says_canceled_exits_3_and_leaves_no_launch_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    temp = tmp_path / "tmp"  # the runner's and its trials' temp folder, where the launcher makes its folder
+    temp.mkdir()
+    config, ctx = make_context(tmp_path, {"sleep": 0.1, "ckpt_every": 2},
+                               entrypoint="python3 -m determined_trials.launch.torch_distributed trial.py",
+                               searcher={"name": "single", "metric": "loss", "max_length": 1000})
+    runs, out = tmp_path / "runs", tmp_path / "create.out"
+    proc = start_runner(runs, config, ctx, out, env={**os.environ, "TMPDIR": str(temp)})
+    try:
+        assert list(temp.glob("det-launch-*")), out.read_text()  # the running trial's launch folder
+        # In a process of its own (in ours, its wait for the runner, our child, would reap its exit status),
+        # while we reap the runner (a zombie runner would look alive to it).
+        kill = subprocess.Popen([*DET_TRIALS, "--run-dir", str(runs), "experiment", "kill", "1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            code = proc.wait(timeout=120)
+            kill_out, kill_err = kill.communicate(timeout=120)
+        finally:
+            if kill.poll() is None:
+                kill.kill()
+                kill.wait(timeout=30)
+        assert kill.returncode == 0, kill_err
+    finally:
+        _reap(proc)
+    text = out.read_text()
+    assert code == 3, text
+    assert "Experiment 1: CANCELED" in text and "PAUSED" not in text and "continue" not in text
+    assert not list(temp.glob("det-launch-*")), text
+    store = LocalStore(runs)
+    assert store.experiment(1).state == "CANCELED" and store.trial(1).state == "CANCELED"
+    assert main(["--run-dir", str(runs), "experiment", "continue", "1"]) == 2
+    assert "experiment 1 is CANCELED, not PAUSED: it was killed; create a new experiment" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_logs_follow_prints_until_the_trial_ends(tmp_path: Path) -> None:
     proc, runs = _start_runner(tmp_path, steps=12)
     try:

@@ -243,6 +243,32 @@ def test_cluster_only_keys_warn_and_load() -> None:
         load_config({"searcher": SINGLE})
 
 
+def test_settings_nothing_acts_on_warn_when_they_ask_for_something() -> None:
+    asked = {"optimizations": {"mixed_precision": "O1", "gradient_compression": True, "tensor_fusion_threshold": 32,
+                               "average_training_metrics": False},
+             "resources": {"shm_size": "4G"}, "profiling": {"sync_timings": False}}
+    with pytest.warns(ConfigWarning) as caught:
+        cfg = load_config({"searcher": SINGLE, **asked})
+    said = "\n".join(str(w.message) for w in caught)
+    for key in ("optimizations.mixed_precision: 'O1' (Determined's apex AMP; for mixed precision call "
+                "`context.experimental.use_amp()`", "optimizations.gradient_compression: True (a Horovod",
+                "optimizations.tensor_fusion_threshold: 32", "optimizations.average_training_metrics: False",
+                "resources.shm_size: '4G'", "profiling.sync_timings: False"):
+        assert key in said, said
+    assert cfg.optimizations.mixed_precision == "O1"  # kept: a ported config round-trips
+    with warnings.catch_warnings():  # their defaults, as in a whole 0.38 config, ask for nothing
+        warnings.simplefilter("error")
+        load_config({"searcher": SINGLE, "optimizations": {"mixed_precision": "O0", "tensor_fusion_cycle_time": 1,
+                                                           "average_training_metrics": True},
+                     "resources": {"shm_size": None}, "profiling": {"sync_timings": True}})
+
+
+def test_a_config_warning_points_at_the_line_that_loaded_the_config() -> None:
+    with pytest.warns(ConfigWarning) as caught:
+        load_config({"searcher": SINGLE, "bind_mounts": [], "optimizations": {"mixed_precision": "O2"}})
+    assert [Path(w.filename).name for w in caught] == ["test_config.py", "test_config.py"]
+
+
 def test_length_value_type() -> None:
     assert str(Length(5, "batches")) == "5 batches" and Length(7).as_config() == 7
     with pytest.raises(ValueError):

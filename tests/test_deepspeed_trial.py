@@ -238,3 +238,28 @@ def test_grouped_plan_keeps_whole_groups_per_epoch_and_starts_anywhere() -> None
     assert [next(resumed) for _ in range(5)] == [[7], [8], [0], [1], [2]]
     with pytest.raises(ValueError, match="has 10 micro-batches per rank, fewer than the 11"):
         GroupedPlan(inner, 11)
+
+
+_LOG_PROBE = """
+import deepspeed  # first, as a trial's module may
+import determined_trials.deepspeed
+from deepspeed.utils import logger, set_log_level_from_string
+set_log_level_from_string("info")  # DeepSpeed at INFO, as older versions and its launcher's default are
+logger.info("probe-info")
+logger.warning("probe-warning")
+"""
+
+
+@pytest.mark.parametrize(("level", "shown"), [(None, ["probe-warning"]), ("INFO", ["probe-info", "probe-warning"])])
+def test_deepspeeds_own_info_lines_are_held_back_unless_asked(level: str | None, shown: list[str]) -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "DET_DEEPSPEED_LOG_LEVEL"}
+    if level:
+        env["DET_DEEPSPEED_LOG_LEVEL"] = level
+    done = subprocess.run([sys.executable, "-c", _LOG_PROBE], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr
+    output = done.stdout + done.stderr
+    assert [w for w in ("probe-info", "probe-warning") if w in output] == shown, output
+    if not level:
+        assert "[INFO]" not in output, output

@@ -4,6 +4,7 @@ progress reported by Trainer.fit, and per-batch metrics for callbacks only on re
 
 from __future__ import annotations
 
+import argparse
 import warnings
 from pathlib import Path
 from typing import Any
@@ -212,3 +213,24 @@ def test_every_det_trials_command_on_the_page_exists(capsys: pytest.CaptureFixtu
             status = done.code
         assert status == 0, (group, sub)
         assert f"usage: det-trials {group} {sub}".strip() in capsys.readouterr().out
+
+
+
+def test_a_det_command_maps_to_the_det_trials_command_of_the_same_name_where_there_is_one() -> None:
+    """A row `det GROUP SUB` names `det-trials GROUP SUB` when that command exists (not a near one)."""
+    import re
+
+    from determined_trials.cli.main import build_parser
+
+    parser = build_parser()
+    groups = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    page = (Path(__file__).parents[1] / "docs" / "coming-from-determined.md").read_text()
+    for row in page.splitlines():
+        cells = row.split("|")
+        if len(cells) < 4 or "--" in cells[1]:  # a variant (`create --test`) maps to something else
+            continue
+        for group, sub in re.findall(r"`det ([a-z]+) ([a-z]+)", re.sub(r"\(.*?\)", "", cells[1])):  # not asides
+            subs = next((a.choices for a in groups[group]._actions if isinstance(a, argparse._SubParsersAction)),
+                        {}) if group in groups else {}
+            if sub in subs:
+                assert f"`det-trials {group} {sub}" in cells[2], row

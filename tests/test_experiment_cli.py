@@ -85,6 +85,23 @@ def test_create_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "no entrypoint" in capsys.readouterr().err
 
 
+def test_config_warnings_are_one_line_each_and_not_repeated_by_the_trials(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    config, ctx = make_context(tmp_path, {}, bind_mounts=[], optimizations={"mixed_precision": "O1"},
+                               searcher={"name": "single", "metric": "loss", "max_length": 2})
+    assert create(tmp_path / "runs", config, ctx) == 0
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert [x for x in lines if "bind_mounts" in x] == [
+        "det-trials: warning: experiment config: ignoring key(s) bind_mounts: they have no effect when running "
+        "locally (Determined uses them on a cluster)"]
+    assert len([x for x in lines if x.startswith("det-trials: warning: experiment config: ignoring "
+                                                 "optimizations.mixed_precision: 'O1'")]) == 1, captured.err
+    assert "ConfigWarning" not in captured.err + captured.out  # not Python's form, not from the trial process
+    assert "ConfigWarning" not in (tmp_path / "runs" / "experiments" / "1" / "trial_1.log").read_text()
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

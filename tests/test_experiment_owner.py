@@ -103,6 +103,20 @@ def test_max_concurrent_trials_in_the_config_runs_trials_at_once(monkeypatch: py
     assert _setup.parallelism(load_config(_grid(max_concurrent_trials=3)), 3) == 3
 
 
+def test_the_config_reference_says_what_an_unset_max_concurrent_trials_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    from determined_trials.config._reference import render_reference
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(_setup, "visible_gpus", lambda: [])
+    unset = load_config(_grid())
+    assert unset.searcher.max_concurrent_trials == 16  # Determined's default, which Ray runs honour
+    assert _setup.parallelism(unset, _setup._configured_parallel(unset)) == 1
+    row = next(x for x in render_reference().splitlines() if x.startswith("| `max_concurrent_trials` |"))
+    assert "Locally, trials run one at a time unless this key" in row and "On Ray (`--ray`) the default 16" in row
+    row = next(x for x in render_reference().splitlines() if x.startswith("| `max_slots` |"))
+    assert "ignored locally" not in row and "max_slots // slots_per_trial" in row
+
+
 def test_continue_remembers_max_parallel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
 

@@ -14,7 +14,7 @@ from _experiment_helpers import create, make_context
 from determined_trials.core import LocalStore
 from determined_trials.experiment import create_experiment
 from determined_trials.experiment._errors import ExperimentError
-from determined_trials.experiment._preflight import trial_spec_of
+from determined_trials.experiment._preflight import check_command, trial_spec_of
 
 TRIAL_FILE = '''
 from determined_trials import pytorch
@@ -54,6 +54,29 @@ def test_create_rejects_an_entrypoint_that_can_never_run(tmp_path: Path, entrypo
     store = LocalStore(tmp_path / "runs")
     assert store.experiments() == []  # nothing recorded, no trial started
     assert [p.name for p in (tmp_path / "runs" / "experiments").iterdir()] == []  # no staging left
+
+
+@pytest.mark.parametrize(("entrypoint", "message"), [
+    ("model_def.DigitsTrial", r"'model_def\.DigitsTrial' is neither a file in the context directory .* nor a "
+                              r"command on PATH; to run a trial class write `model_def:DigitsTrial` \(module:Class\)"),
+    ("no-such-program --flag", r"'no-such-program' is neither a file .*e\.g\. `python3 train\.py`"),
+    ("python3 trian.py --epochs 2", r"has no trian\.py"),
+])
+def test_create_refuses_a_script_entrypoint_that_cannot_start_before_creating_anything(
+    tmp_path: Path, entrypoint: str, message: str,
+) -> None:
+    config, ctx = _trial_context(tmp_path, entrypoint, {"global_batch_size": 4})
+    with pytest.raises(ExperimentError, match=message):
+        create_experiment(config, ctx, run_dir=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()  # not even the run folder
+
+
+def test_check_command_accepts_what_can_start(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "run.sh").write_text("")
+    for entrypoint in ("python3 train.py --x 1", "./run.sh", "python3 -m some.module", ["python3", "train.py"],
+                       "A=1 python3 train.py", "model_def:MyTrial", "sh -c 'cd x && ./go'"):
+        check_command(entrypoint, tmp_path)
 
 
 def test_create_rejects_a_trial_class_without_global_batch_size(tmp_path: Path) -> None:

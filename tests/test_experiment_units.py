@@ -20,6 +20,7 @@ from determined_trials.experiment import (
     visible_gpus,
 )
 from determined_trials.experiment._launch import trial_command
+from determined_trials.experiment._runner import KILLED_REASON
 
 
 def _write(path: Path, text: str = "x") -> None:
@@ -37,6 +38,22 @@ def test_snapshot_honours_detignore_and_leaves_out_bytecode_and_run_dir(tmp_path
     snapshot_context(ctx, dest, exclude=[ctx / "runs"])
     copied = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
     assert copied == [".detignore", "data/keep.txt", "pkg/model.py", "train.py"]
+
+
+def test_snapshot_leaves_out_every_run_folder_and_says_which(tmp_path: Path) -> None:
+    ctx = tmp_path / "ctx"
+    for rel in ("train.py", "runs_fit/store.sqlite", "runs_fit/checkpoints/a/state.pt", "old/det-runs/store.sqlite",
+                "old/det-runs/experiments/1/model/train.py", "data/store.txt", "active/store.sqlite"):
+        _write(ctx / rel)
+    said: list[str] = []
+    dest = tmp_path / "dest"
+    snapshot_context(ctx, dest, exclude=[ctx / "active"], say=said.append)
+    copied = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert copied == ["data/store.txt", "train.py"]
+    assert said == ["left out of the context snapshot: old/det-runs/, runs_fit/ (run folders: they hold store.sqlite)"]
+    said.clear()
+    snapshot_context(ctx / "data", tmp_path / "dest2", say=said.append)
+    assert said == []  # nothing left out: nothing said
 
 
 def test_snapshot_never_copies_into_itself_without_exclude(tmp_path: Path) -> None:
@@ -146,3 +163,85 @@ def test_display_with_progress_bar_and_quiet(capsys: pytest.CaptureFixture[str])
     quiet = Display(quiet=True)
     quiet.echo("nothing")
     assert capsys.readouterr().out == ""
+
+
+def test_the_final_trials_table_cuts_hyperparameters_to_fit() -> None:
+    from determined_trials.experiment import TrialSummary, trials_table
+
+    rows = [TrialSummary(i, {f"hparam_{k}": k for k in range(20)}, "COMPLETED", 0.5, "c" * 36, 0) for i in (1, 2)]
+    whole = trials_table(rows, "loss")
+    assert "hparam_19=19" in whole and max(len(x) for x in whole.splitlines()) > 200
+    fitted = trials_table(rows, "loss", fit=120)
+    assert max(len(x) for x in fitted.splitlines()) <= 120 and "…" in fitted and "c" * 36 in fitted
+
+
+class _Handle:
+    """A trial that runs until it is killed; ``on_poll`` plays what happens outside while it runs."""
+
+    def __init__(self, on_poll: Any) -> None:
+        self.terminated = self.killed = False
+        self._on_poll = on_poll
+
+    def poll(self) -> int | None:
+        self._on_poll(self)
+        return -9 if self.killed else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        return -9
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def reason(self, code: int) -> str:
+        return f"exit {code}"
+
+
+class _Executor:
+    def __init__(self, on_poll: Any) -> None:
+        self.handles: list[_Handle] = []
+        self._on_poll = on_poll
+
+    def prepare(self, config: Any, storage: Any) -> None:
+        """Nothing to check."""
+
+    def start(self, job: Any) -> _Handle:
+        self.handles.append(_Handle(self._on_poll))
+        return self.handles[-1]
+
+    def close(self) -> None:
+        """Nothing held."""
+
+
+@pytest.mark.parametrize("paused_first", [False, True])
+def test_a_runner_whose_experiment_was_killed_ends_canceled_not_paused(tmp_path: Path, paused_first: bool) -> None:
+    from determined_trials.config import load_config
+    from determined_trials.experiment._runner import ExperimentRunner
+    from determined_trials.searcher import make_searcher
+
+    config = load_config({"entrypoint": "python3 x.py", "searcher": {"name": "single", "metric": "loss",
+                                                                      "max_length": 5}})
+    store = LocalStore(tmp_path / "runs")
+    exp = store.create_experiment(name="x", config=config.as_dict())
+    polls = {"n": 0}
+
+    def outside(handle: _Handle) -> None:  # what `experiment kill` does: mark CANCELED, then signal the runner
+        polls["n"] += 1
+        if paused_first and polls["n"] == 1:
+            runner.request_stop()  # a Ctrl-C first: the trial is asked to checkpoint and stop...
+        elif polls["n"] == (3 if paused_first else 1):
+            store.set_experiment_state(exp, "CANCELED", "killed")  # ... and killed while it does
+            runner.request_stop()
+
+    executor = _Executor(outside)
+    runner = ExperimentRunner(store=store, experiment_id=exp, config=config, searcher=make_searcher(config),
+                              exp_dir=tmp_path / "exp", model_dir=tmp_path, config_path=tmp_path / "c.yaml",
+                              display=Display(progress=False), executor=executor)
+    runner.start_fresh()
+    assert runner.run() == "CANCELED"
+    (handle,) = executor.handles
+    assert handle.killed and handle.terminated == paused_first
+    assert store.experiment(exp).state == "CANCELED" and store.experiment(exp).reason == KILLED_REASON
+    assert [t.state for t in store.trials(exp)] == ["CANCELED"]

@@ -412,3 +412,19 @@ def test_configure_fit_class_weight_weights_the_records(tmp_path: Path) -> None:
         context.configure_fit(class_weight=[1.0, 2.0])
     with pytest.raises(ValueError, match="validation_steps"):
         context.configure_fit(validation_steps=0)
+
+
+def test_keras_training_arrays_smaller_than_one_batch_warn() -> None:
+    from determined_trials.keras._data import ArraySource
+
+    data = (np.zeros((3, 2), np.float32), np.zeros(3, np.float32))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ArraySource(data, per_slot=4, rank=0, size=1, seed=0, shuffle=False, class_weight=None,
+                    what="build_training_data_loader()")
+        ArraySource(data, per_slot=4, rank=0, size=1, seed=0, shuffle=False, class_weight=None,
+                    what="build_validation_data_loader()")
+    assert [str(w.message) for w in caught] == [
+        "the training data of build_training_data_loader() has 3 records, fewer than one batch (4 per rank x 1 "
+        "rank(s) = 4): every step trains on the same 3 records, a short batch; use a smaller global_batch_size "
+        "or more data"]

@@ -132,3 +132,20 @@ def test_the_command_wraps_deepspeeds_runner_with_overrides_last(tmp_path: Path)
     one = load_config(_config(tmp_path, "one.yaml").read_text().replace("slots_per_trial: 2", "slots_per_trial: 1"))
     cmd, _ = build_command(_args.parse(["--trial", "m.py:T"], engine="deepspeed"), one)
     assert "deepspeed.launcher.runner" not in cmd and cmd[cmd.index("determined_trials.launch.wrap_rank") + 1] == "0"
+
+
+def test_deepspeeds_launcher_logs_warnings_only_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from determined_trials.config import load_config
+    from determined_trials.launch import _args
+    from determined_trials.launch.deepspeed import build_command
+
+    two = load_config(_config(tmp_path, "two.yaml"))
+    monkeypatch.delenv("DET_DEEPSPEED_LOG_LEVEL", raising=False)
+    cmd, _ = build_command(_args.parse(["--trial", "m.py:T"], engine="deepspeed"), two)
+    assert cmd[cmd.index("--log_level") + 1] == "warning"
+    monkeypatch.setenv("DET_DEEPSPEED_LOG_LEVEL", "INFO")
+    cmd, _ = build_command(_args.parse(["--trial", "m.py:T"], engine="deepspeed"), two)
+    assert cmd[cmd.index("--log_level") + 1] == "info"
+    monkeypatch.setenv("DET_DEEPSPEED_LOG_LEVEL", "loud")
+    with pytest.raises(_args.LaunchError, match="DET_DEEPSPEED_LOG_LEVEL='loud' is not a log level"):
+        build_command(_args.parse(["--trial", "m.py:T"], engine="deepspeed"), two)

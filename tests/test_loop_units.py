@@ -11,6 +11,7 @@ from determined_trials.loop import (
     Record,
     Schedule,
     TrialState,
+    summary_line,
     unit_from_length,
 )
 
@@ -85,3 +86,8 @@ def test_trial_state_round_trip() -> None:
     assert again == state
     with pytest.raises(ValueError, match="unknown trial state keys"):
         again.load_state_dict({"bogus": 1})
+
+
+def test_a_summary_line_says_epochs_completed_not_an_epoch_number() -> None:
+    line = summary_line("training", 500, 2, {"batches": 500, "epochs": 2, "loss": 0.123456})
+    assert line == "[training] batch 500 (epochs completed: 2): loss=0.1235"

@@ -4,6 +4,7 @@ validation shards, raw loaders."""
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -372,6 +373,20 @@ def test_iterable_dataset_is_refused_with_the_way_out() -> None:
 def test_bad_stream_arguments(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         DataLoader(CountingDataset(4), batch_size=2, drop_last=True).build_training_stream(**kwargs)
+
+
+def test_training_data_smaller_than_one_batch_warns_once() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(2):  # e.g. a restart in the same process: said once
+            stream = DataLoader(CountingDataset(3), batch_size=4).build_training_stream(seed=0, num_replicas=2)
+            assert stream.epoch_len == 1
+        DataLoader(CountingDataset(8), batch_size=4).build_training_stream(seed=0, num_replicas=2)  # whole
+        DataLoader(CountingDataset(3), batch_size=4).build_validation_loader()  # validation: short is fine
+    messages = [str(w.message) for w in caught]
+    assert messages == ["the training data has 3 records, fewer than one batch (4 per rank x 2 rank(s) = 8): every "
+                        "step trains on the same 3 records, a short batch; use a smaller global_batch_size or more "
+                        "data"]
 
 
 # -- raw loaders --------------------------------------------------------------------------------------

@@ -166,3 +166,40 @@ def test_given_distributed_is_kept() -> None:
 def test_constructor_needs_parsed_config() -> None:
     with pytest.raises(TypeError, match="load_config"):
         TrialContext(config=CONFIG, hparams={}, trial_seed=0)  # type: ignore[arg-type]
+
+
+def test_a_family_method_on_the_bare_context_names_the_family_context_to_build() -> None:
+    ctx = TrialContext.from_config(CONFIG)
+    with pytest.raises(AttributeError, match=r"'wrap_model'.*`det\.pytorch\.PyTorchTrialContext\.from_config\(config\)` "
+                                             r"or `det\.keras\.TFKerasTrialContext\.from_config\(config\)`"):
+        ctx.wrap_model  # noqa: B018
+    with pytest.raises(AttributeError, match=r"`det\.pytorch\.deepspeed\.DeepSpeedTrialContext\.from_config"):
+        ctx.wrap_model_engine  # noqa: B018
+    with pytest.raises(AttributeError, match=r"^'TrialContext' object has no attribute 'no_such_thing'$"):
+        ctx.no_such_thing  # noqa: B018
+    assert getattr(ctx, "wrap_optimizer", None) is None and not hasattr(ctx, "_not_set")
+
+
+def _family_contexts(with_keras: bool) -> dict[str, type]:
+    from determined_trials import deepspeed, pytorch
+
+    found = {"det.pytorch.PyTorchTrialContext": pytorch.PyTorchTrialContext,
+             "det.pytorch.deepspeed.DeepSpeedTrialContext": deepspeed.DeepSpeedTrialContext}
+    if with_keras:
+        from determined_trials import keras
+
+        found["det.keras.TFKerasTrialContext"] = keras.TFKerasTrialContext
+    return found
+
+
+@pytest.mark.parametrize("with_keras", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_the_family_only_names_are_what_each_family_context_has(with_keras: bool) -> None:
+    from determined_trials._trial_context import _FAMILY_ONLY
+
+    contexts = _family_contexts(with_keras)
+    for name, families in _FAMILY_ONLY.items():
+        assert not hasattr(TrialContext, name), name
+        for family, cls in contexts.items():
+            assert hasattr(cls, name) == (family in families), (name, family)
+    pytorch_ctx = contexts["det.pytorch.PyTorchTrialContext"].from_config(CONFIG)  # type: ignore[attr-defined]
+    assert callable(pytorch_ctx.wrap_model)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +22,7 @@ __all__ = [
     "open_store",
     "output_format",
     "run_dir",
+    "table_width",
 ]
 
 RUN_DIR_ENV = "DET_RUN_DIR"
@@ -79,11 +82,21 @@ def add_command(
 
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:
-    """``--csv`` / ``--json`` (a text table when neither is given)."""
+    """``--csv`` / ``--json`` (a text table when neither is given) and ``--wide``."""
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--csv", dest="fmt", action="store_const", const="csv", help="print CSV")
     choice.add_argument("--json", dest="fmt", action="store_const", const="json", help="print JSON")
+    parser.add_argument("--wide", action="store_true",
+                        help="print every table cell whole (by default long ones are cut to fit the terminal)")
     parser.set_defaults(fmt="table")
+
+
+def table_width(args: argparse.Namespace) -> int | None:
+    """The width a text table is fitted to on a terminal (``$COLUMNS`` or the terminal's own); None
+    (nothing cut) with ``--wide`` or when the output goes to a file or a pipe."""
+    if getattr(args, "wide", False) or not sys.stdout.isatty():
+        return None
+    return shutil.get_terminal_size().columns
 
 
 def output_format(args: argparse.Namespace) -> str:

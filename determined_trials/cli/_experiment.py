@@ -36,6 +36,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     describe.add_argument("experiment_id", metavar="ID", type=int, help="experiment id")
     describe.add_argument("--json", dest="fmt", action="store_const", const="json", default="table",
                           help="print JSON")
+    describe.add_argument("--wide", action="store_true",
+                          help="print every table cell whole (by default long ones are cut to fit the terminal)")
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -49,7 +51,8 @@ def _list(args: argparse.Namespace) -> int:
         [e.id, e.name, e.state, counts[e.id], ",".join(e.labels), e.start_time, e.end_time]
         for e in experiments
     ]
-    emit(sys.stdout, _common.output_format(args), _LIST_COLUMNS, rows, experiments)
+    emit(sys.stdout, _common.output_format(args), _LIST_COLUMNS, rows, experiments,
+         fit=_common.table_width(args), squeeze=("labels", "name"))
     return 0
 
 
@@ -103,7 +106,7 @@ def _describe(args: argparse.Namespace) -> int:
     width = max(len(k) for k, _ in pairs)
     out.writelines(f"  {k + ':':<{width + 1}} {v}\n" for k, v in pairs)
     out.write(f"\nTrials ({len(trials)}):\n")
-    _trial.write_trial_table(out, trials)
+    _trial.write_trial_table(out, trials, fit=_common.table_width(args))
     out.write("\nConfig:\n")
     out.write(yaml.safe_dump(jsonable(exp.config), sort_keys=False, default_flow_style=False))
     return 0

@@ -4,11 +4,9 @@ users type (added to the existing command groups)."""
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import signal
 import sys
-import time
 from typing import Any
 
 import psutil
@@ -48,33 +46,38 @@ def _live_owner(store: LocalStore, experiment_id: int) -> int | None:
 
 
 def _kill(args: argparse.Namespace) -> int:
+    from determined_trials.experiment._runner import KILLED_REASON
+
     store = _common.open_store(args)
     exp = store.experiment(args.experiment_id)
     if exp.state not in _UNFINISHED:
         raise _common.CliError(f"experiment {exp.id} is {exp.state} already; nothing to kill")
     pid = _live_owner(store, exp.id)
+    # Marked first: a runner that sees CANCELED on the signal stops its trials and ends CANCELED, not PAUSED.
+    store.set_experiment_state(exp.id, "CANCELED", KILLED_REASON)
     if pid is not None:
         _stop_runner(exp.id, pid)
     for trial in store.trials(exp.id):
         if trial.state in _UNFINISHED:
             store.set_trial_state(trial.id, "CANCELED", "experiment killed")
-    store.set_experiment_state(exp.id, "CANCELED", "killed with `det-trials experiment kill`")
+    store.set_experiment_state(exp.id, "CANCELED", KILLED_REASON)
     print(f"experiment {exp.id} killed: its trials are CANCELED (their checkpoints are kept)")
     return 0
 
 
 def _stop_runner(experiment_id: int, pid: int) -> None:
-    """SIGTERM until the runner is gone: the first pauses, any further one kills its trials at once."""
-    deadline = time.monotonic() + _KILL_WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, signal.SIGTERM)
-            psutil.Process(pid).wait(timeout=0.5)
-            return
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            return
-        except psutil.TimeoutExpired:
-            continue
+    """One SIGTERM, then wait until the runner is gone: seeing its experiment CANCELED, it kills its
+    trials at once. Not again: a second signal could reach it after it restored the default handler,
+    killing it before it reports."""
+    try:
+        runner = psutil.Process(pid)
+        runner.send_signal(signal.SIGTERM)
+        runner.wait(timeout=_KILL_WAIT_S)
+        return
+    except psutil.NoSuchProcess:
+        return
+    except psutil.TimeoutExpired:
+        pass
     raise _common.CliError(f"experiment {experiment_id}'s process {pid} did not stop within {_KILL_WAIT_S:.0f} s; "
                            f"end it with `kill -9 {pid}`")
 

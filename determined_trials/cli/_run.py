@@ -14,7 +14,7 @@ from determined_trials.core.store._local import LocalStore
 
 __all__ = ["checkpoint_storage_for", "group_of", "register", "trial_log_path"]
 
-_EXIT = {"COMPLETED": 0, "ERROR": 1, "PAUSED": 75}
+_EXIT = {"COMPLETED": 0, "ERROR": 1, "CANCELED": 3, "PAUSED": 75}
 _FOLLOW_POLL_S = 0.2
 
 
@@ -57,7 +57,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                              "one plain state_dict, DIR/<TAG>_consolidated.pt")
 
 
-def _print_result(result: object) -> int:
+def _print_result(result: object, args: argparse.Namespace) -> int:
     from determined_trials.experiment import ExperimentResult, trials_table
 
     assert isinstance(result, ExperimentResult)
@@ -65,7 +65,7 @@ def _print_result(result: object) -> int:
     out.write(f"\nExperiment {result.experiment_id}: {result.state}\n")
     if result.reason:
         out.write(f"  {result.reason}\n")
-    out.write(trials_table(result.trials, result.metric))
+    out.write(trials_table(result.trials, result.metric, fit=_common.table_width(args)))
     return _EXIT.get(result.state, 1)
 
 
@@ -84,7 +84,7 @@ def _create(args: argparse.Namespace) -> int:
         )
     except (ConfigError, experiment.ContextTooLargeError, experiment.ExperimentError, FileNotFoundError) as exc:
         raise _common.CliError(str(exc)) from None
-    return _print_result(result)
+    return _print_result(result, args)
 
 
 def _continue(args: argparse.Namespace) -> int:
@@ -98,7 +98,7 @@ def _continue(args: argparse.Namespace) -> int:
         )
     except experiment.ExperimentError as exc:
         raise _common.CliError(str(exc)) from None
-    return _print_result(result)
+    return _print_result(result, args)
 
 
 def trial_log_path(run_dir: Path, experiment_id: int, trial_id: int) -> Path:

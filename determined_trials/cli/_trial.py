@@ -47,9 +47,12 @@ def _trial_row(t: Trial) -> list[Any]:
             " ".join(flat_hparams(t.hparams)), t.start_time, t.end_time]
 
 
-def write_trial_table(out: TextIO, trials: Sequence[Trial]) -> None:
-    """The text table of ``trials`` (also used by ``experiment describe``)."""
-    out.write(table(_LIST_COLUMNS, [_trial_row(t) for t in trials]))
+_SQUEEZE = ("hparams", "status")  # cut first when a table is wider than the terminal
+
+
+def write_trial_table(out: TextIO, trials: Sequence[Trial], fit: int | None = None) -> None:
+    """The text table of ``trials`` (also used by ``experiment describe``), fitted to ``fit`` characters."""
+    out.write(table(_LIST_COLUMNS, [_trial_row(t) for t in trials], fit=fit, squeeze=_SQUEEZE))
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -58,7 +61,8 @@ def _list(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
     release_dead_owners(store)  # trials of a killed runner or script show as PAUSED (resumable)
     trials = store.trials(args.experiment)
-    emit(sys.stdout, _common.output_format(args), _LIST_COLUMNS, [_trial_row(t) for t in trials], trials)
+    emit(sys.stdout, _common.output_format(args), _LIST_COLUMNS, [_trial_row(t) for t in trials], trials,
+         fit=_common.table_width(args), squeeze=_SQUEEZE)
     return 0
 
 

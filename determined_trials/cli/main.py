@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any, TextIO
 
 from determined_trials import __version__
 from determined_trials.cli import _checkpoint, _common, _experiment, _manage, _run, _tensorboard, _trial
@@ -49,7 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        return int(args.handler(args))
+        with warnings.catch_warnings():
+            warnings.showwarning = _config_warnings_as_lines(warnings.showwarning)
+            return int(args.handler(args))
     except (_common.CliError, NotFoundError) as exc:
         print(f"det-trials: error: {exc}", file=sys.stderr)
         return 2
@@ -58,6 +62,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+
+
+def _config_warnings_as_lines(show: Any) -> Any:
+    """A ``warnings.showwarning`` that prints a config warning as one line of ours (where in our code it
+    was raised means nothing to a user) and hands any other warning to ``show``."""
+    from determined_trials.config import ConfigWarning
+
+    def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                     file: TextIO | None = None, line: str | None = None) -> None:
+        if issubclass(category, ConfigWarning):
+            print(f"det-trials: warning: {message}", file=file or sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return show_warning
 
 
 if __name__ == "__main__":

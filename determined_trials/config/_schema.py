@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from determined_trials.config._base import ConfigProblems, StrictModel, json_value
-from determined_trials.config._det_keys import ConfigWarning, drop_unused_keys
+from determined_trials.config._det_keys import ConfigWarning, drop_unused_keys, warn_ignored_settings
 from determined_trials.config._hparams import HParams, grid_count_problems
 from determined_trials.config._length import Period
 from determined_trials.config._searcher import GridSearcher, SearcherConfig
@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 _MAX_SEED = 2**31 - 1
+_IGNORED = "accepted for ported configs; another value than the default is ignored with a warning"
 
 
 def _entrypoint(value: Any) -> Any:
@@ -47,13 +48,14 @@ class Optimizations(StrictModel):
 
     aggregation_frequency: int = Field(default=1, ge=1, description="batches per optimizer step, e.g. `4`")
     average_aggregated_gradients: bool = True
-    average_training_metrics: bool = True
-    gradient_compression: bool = False
-    mixed_precision: Literal["O0", "O1", "O2", "O3"] = "O0"
-    tensor_fusion_threshold: int = Field(default=64, ge=0, description="Horovod fusion buffer size in MB")
+    average_training_metrics: bool = Field(default=True, description=f"always true here; {_IGNORED}")
+    gradient_compression: bool = Field(default=False, description=f"Horovod; {_IGNORED}")
+    mixed_precision: Literal["O0", "O1", "O2", "O3"] = Field(
+        default="O0", description=f"apex AMP; {_IGNORED}: use `context.experimental.use_amp()`")
+    tensor_fusion_threshold: int = Field(default=64, ge=0, description=f"Horovod fusion buffer size in MB; {_IGNORED}")
     tensor_fusion_cycle_time: float = Field(
-        default=1.0, ge=0, allow_inf_nan=False, description="Horovod fusion cycle time in ms")
-    auto_tune_tensor_fusion: bool = False
+        default=1.0, ge=0, allow_inf_nan=False, description=f"Horovod fusion cycle time in ms; {_IGNORED}")
+    auto_tune_tensor_fusion: bool = Field(default=False, description=f"Horovod; {_IGNORED}")
 
     @model_validator(mode="before")
     @classmethod
@@ -67,10 +69,13 @@ class Resources(StrictModel):
     slots_per_trial: int = Field(
         default=1, ge=1, description="processes (GPUs) per trial, e.g. `slots_per_trial: 2`"
     )
-    max_slots: int | None = Field(default=None, ge=1, description="ignored locally")
+    max_slots: int | None = Field(
+        default=None, ge=1, description="slots the experiment uses at once: runs `max_slots // slots_per_trial` "
+                                        "trials at once (unless `--max-parallel` says otherwise)")
     resource_pool: str | None = Field(default=None, description="ignored locally")
     priority: int | None = Field(default=None, description="ignored locally")
-    shm_size: Annotated[int | str | None, BeforeValidator(_shm_size)] = None
+    shm_size: Annotated[int | str | None, BeforeValidator(_shm_size)] = Field(
+        default=None, description=f"a container's /dev/shm; {_IGNORED}")
 
     @model_validator(mode="before")
     @classmethod
@@ -93,7 +98,7 @@ class Profiling(StrictModel):
     enabled: bool = False
     begin_on_batch: int = Field(default=0, ge=0, description="first profiled batch, e.g. `10`")
     end_after_batch: int | None = Field(default=None, ge=0, description="last profiled batch")
-    sync_timings: bool = True
+    sync_timings: bool = Field(default=True, description=f"batch timings; {_IGNORED}")
 
     @model_validator(mode="after")
     def _check_range(self) -> Profiling:
@@ -141,7 +146,9 @@ class ExperimentConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _cluster_only(cls, data: Any) -> Any:
-        return drop_unused_keys(data, "experiment", cls.model_fields, "")
+        data = drop_unused_keys(data, "experiment", cls.model_fields, "")
+        return warn_ignored_settings(data, {"optimizations": Optimizations.model_fields,
+                                            "resources": Resources.model_fields, "profiling": Profiling.model_fields})
 
     @model_validator(mode="after")
     def _check_grid(self) -> ExperimentConfig:

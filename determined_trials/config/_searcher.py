@@ -29,7 +29,12 @@ def default_searcher() -> dict[str, Any]:
 
 def _max_concurrent() -> Any:
     return Field(
-        default=16, ge=0, description="trials run at once (0 = no limit), e.g. `max_concurrent_trials: 4`"
+        default=16, ge=0,
+        description="the most trials running at once. Locally, trials run one at a time unless this key, "
+                    "`--max-parallel` or `resources.max_slots` asks for more (16 CPU trials at once would "
+                    "swamp one machine); set, it runs that many, at most what the GPUs (else CPU cores) hold "
+                    "(0 = as many as they hold). On Ray (`--ray`) the default 16 applies. E.g. "
+                    "`max_concurrent_trials: 4`",
     )
 
 

@@ -2,12 +2,14 @@
 unit, ``overwrite_deepspeed_config``, ``init()`` + ``Trainer``, and checkpoint consolidation.
 
 Importing this package imports torch but not deepspeed; deepspeed is imported when an engine is
-wrapped or ``init()`` starts communication.
+wrapped or ``init()`` starts communication. DeepSpeed's own INFO lines are held back from here on
+(``$DET_DEEPSPEED_LOG_LEVEL=INFO`` shows them).
 """
 
 from determined_trials.deepspeed._checkpoint import consolidate_checkpoint
 from determined_trials.deepspeed._config import overwrite_deepspeed_config
 from determined_trials.deepspeed._context import DeepSpeedTrialContext
+from determined_trials.deepspeed._logs import quiet_deepspeed_logs
 from determined_trials.deepspeed._mpu import ModelParallelUnit
 from determined_trials.deepspeed._trainer import Trainer, init
 from determined_trials.deepspeed._trial import DeepSpeedTrial
@@ -25,3 +27,5 @@ __all__ = [
     "init",
     "overwrite_deepspeed_config",
 ]
+
+quiet_deepspeed_logs()

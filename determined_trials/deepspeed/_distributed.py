@@ -15,6 +15,7 @@ import socket
 import torch
 
 from determined_trials import core
+from determined_trials.deepspeed._logs import quiet_deepspeed_logs
 from determined_trials.pytorch._trainer import _collective_timeout
 
 __all__ = ["SHM_COMM_ENV", "start_deepspeed_distributed"]
@@ -46,6 +47,7 @@ def start_deepspeed_distributed() -> core.DistributedContext | None:
     environment; a lone process gets a group of one on a free loopback port (``deepspeed.initialize``
     needs one) and ``LOCAL_RANK=0``, which DeepSpeed requires.
     """
+    quiet_deepspeed_logs()  # also when the trial's own module imported deepspeed first
     import deepspeed
     import torch.distributed as dist
 

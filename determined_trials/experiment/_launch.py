@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from determined_trials._info import CLUSTER_INFO_ENV, ClusterInfo, TrialInfo
+from determined_trials.config._det_keys import CONFIG_WARNED_ENV
 from determined_trials.launch import entrypoint_command
 
 __all__ = ["CONFIG_ENV", "LATEST_CHECKPOINT_ENV", "RUN_DIR_ENV", "TrialLaunch", "trial_command", "trial_environment"]
@@ -78,6 +79,7 @@ def trial_environment(
     if launch.latest_checkpoint:
         env[LATEST_CHECKPOINT_ENV] = launch.latest_checkpoint
     env["PYTHONUNBUFFERED"] = "1"
+    env[CONFIG_WARNED_ENV] = "1"  # the runner showed the config's warnings once: not again in every trial
     # One job id per trial process: every rank it starts, however wrapped, finds its peers by it.
     env["DET_JOB_ID"] = f"trial-{launch.experiment_id}.{launch.trial_id}.{launch.run_id}-{uuid.uuid4().hex[:12]}"
     # `python3 train.py` in an entrypoint means the interpreter that runs det-trials.

@@ -1,6 +1,7 @@
-"""Checks at ``experiment create`` that need no training: the entrypoint's trial class imports (in a
-short child process, so that the user's imports never run in the runner), exists, is a trial class,
-and the hyperparameters hold ``global_batch_size`` where its family needs it.
+"""Checks at ``experiment create`` that need no training: a script entrypoint's program (and Python
+script) exists; the entrypoint's trial class imports (in a short child process, so that the user's
+imports never run in the runner), exists, is a trial class, and the hyperparameters hold
+``global_batch_size`` where its family needs it.
 
 Run as ``python -m determined_trials.experiment._preflight SPEC CONTEXT_DIR``: prints the class's
 trial family, or the error on stderr with exit status 2.
@@ -9,7 +10,10 @@ trial family, or the error on stderr with exit status 2.
 from __future__ import annotations
 
 import inspect
+import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +21,12 @@ from typing import Any
 
 from determined_trials.errors import ConfigError
 
-__all__ = ["PREFLIGHT_TIMEOUT_S", "PreflightError", "check_entrypoint", "trial_spec_of"]
+__all__ = ["PREFLIGHT_TIMEOUT_S", "PreflightError", "check_command", "check_entrypoint", "trial_spec_of"]
 
 PREFLIGHT_TIMEOUT_S = 300.0
 _NEEDS_GLOBAL_BATCH_SIZE = ("PyTorchTrial", "TFKerasTrial")
+_DOTTED_CLASS = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)\.([A-Za-z_][A-Za-z0-9_]*)$")  # `model_def.MyTrial`
+_PYTHON = re.compile(r"^python[0-9.]*$")
 
 
 class PreflightError(Exception):
@@ -51,6 +57,32 @@ def trial_spec_of(entrypoint: str | list[str] | tuple[str, ...] | None) -> tuple
             if word.startswith(flag + "="):
                 found.setdefault(flag, word.split("=", 1)[1])
     return (found["--trial"], found.get("--context-dir")) if "--trial" in found else None
+
+
+def check_command(entrypoint: str | list[str] | tuple[str, ...] | None, context_dir: Path) -> None:
+    """Raise ``PreflightError`` when a script entrypoint's program is neither a file in the context
+    directory nor a command on PATH (``model_def.MyTrial`` gets the ``model_def:MyTrial`` hint), or
+    when ``python3 SCRIPT.py`` names a script the context directory lacks."""
+    from determined_trials.experiment._launch import trial_command
+
+    if entrypoint is None or trial_spec_of(entrypoint) is not None or not context_dir.is_dir():
+        return  # a trial class is checked by ``check_entrypoint``; a missing folder by the snapshot
+    cmd = trial_command(entrypoint)
+    if cmd[:2] == ["sh", "-c"] or not cmd:
+        return  # shell syntax: the shell decides
+    program = cmd[0]
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # as the trial's
+    found = (context_dir / program).is_file() if "/" in program else shutil.which(program, path=search) is not None
+    if not found:
+        dotted = _DOTTED_CLASS.match(program) if len(cmd) == 1 else None
+        hint = (f"; to run a trial class write `{dotted.group(1)}:{dotted.group(2)}` (module:Class)" if dotted
+                else "; give a command on PATH or a file in the context directory, e.g. `python3 train.py`")
+        raise PreflightError(f"the config's entrypoint {' '.join(cmd)!r} cannot run: {program!r} is neither a "
+                             f"file in the context directory {context_dir} nor a command on PATH{hint}")
+    script = cmd[1] if len(cmd) > 1 and _PYTHON.match(Path(program).name) and cmd[1].endswith(".py") else None
+    if script is not None and not (context_dir / script).is_file():
+        raise PreflightError(f"the config's entrypoint {' '.join(cmd)!r} cannot run: the context directory "
+                             f"{context_dir} has no {script}")
 
 
 def check_entrypoint(config: Any, model_dir: Path, timeout: float = PREFLIGHT_TIMEOUT_S) -> None:

@@ -23,6 +23,7 @@ _TAIL_LINES = 20
 _RANK_PREFIX = re.compile(r"^\[rank=\d+\] ")
 _STRAY_GRACE_S = 5.0  # after the process ended, how long what is left of its group may hold the output
 _STRAY_GRACE_TERMINATED_S = 60.0  # ... when it was asked to stop (a child may still be checkpointing)
+_KILL_GRACE_S = 10.0  # after kill(): how long a launcher gets to kill its workers and remove its launch folder
 
 
 class TrialProcess:
@@ -55,6 +56,7 @@ class TrialProcess:
         self._reader = threading.Thread(target=self._pump, args=(self._proc.stdout,), daemon=True)
         self._reader.start()
         self._ended_at: float | None = None
+        self._kill_deadline: float | None = None
 
     @property
     def pid(self) -> int:
@@ -77,18 +79,25 @@ class TrialProcess:
         """The exit status once the process ended and its output was read, else None."""
         code = self._proc.poll()
         if code is None:
+            if self._kill_deadline is not None and time.monotonic() > self._kill_deadline:
+                self._signal_group(signal.SIGKILL)
             return None
         if self._reader.is_alive():
             self._ended_at = self._ended_at or time.monotonic()
             grace = _STRAY_GRACE_TERMINATED_S if self.terminated else _STRAY_GRACE_S
             if time.monotonic() - self._ended_at > grace:
-                self.kill()  # children left behind that hold the output: end them
+                self._signal_group(signal.SIGKILL)  # children left behind that hold the output: end them
             return None
-        self.kill()  # nothing of the group may outlive the trial
+        self._signal_group(signal.SIGKILL)  # nothing of the group may outlive the trial
         return code
 
     def wait(self, timeout: float | None = None) -> int:
-        """Block until the process ended and its output was read; returns the exit status."""
+        """Block until the process ended and its output was read; returns the exit status. After
+        ``kill()``, what is still running at the end of its grace period gets SIGKILL."""
+        if self._kill_deadline is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(max(0.0, self._kill_deadline - time.monotonic()))
+            self._signal_group(signal.SIGKILL)
         code = self._proc.wait(timeout)
         self._reader.join(timeout)
         return code
@@ -101,8 +110,15 @@ class TrialProcess:
         self._signal_group(signal.SIGTERM)
 
     def kill(self) -> None:
-        """SIGKILL to the process group (it resumes later from its latest checkpoint)."""
-        self._signal_group(signal.SIGKILL)
+        """Stop the trial now, once: a second stop signal (SIGINT after the SIGTERM of ``terminate``), on
+        which a launcher kills its workers and removes its launch folder; whatever still runs
+        ``_KILL_GRACE_S`` later gets SIGKILL (from ``poll`` or ``wait``). It resumes later from its
+        latest checkpoint."""
+        if self._kill_deadline is not None:
+            return
+        self._kill_deadline = time.monotonic() + _KILL_GRACE_S
+        self.terminate()
+        self._signal_group(signal.SIGINT)
 
     def _signal_group(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -91,8 +91,8 @@ def summarize_trials(store: LocalStore, experiment_id: int, metric: str, smaller
     return rows
 
 
-def trials_table(summaries: list[TrialSummary], metric: str) -> str:
-    """The final table as aligned text."""
+def trials_table(summaries: list[TrialSummary], metric: str, fit: int | None = None) -> str:
+    """The final table as aligned text (hyperparameters cut to fit ``fit`` characters, when given)."""
     from determined_trials._format import Column, flat_hparams, table
 
     columns = [Column("id", "TRIAL"), Column("hparams", "HPARAMS"), Column("state", "STATE"),
@@ -100,4 +100,4 @@ def trials_table(summaries: list[TrialSummary], metric: str) -> str:
                Column("checkpoint", "BEST CHECKPOINT")]
     rows = [[s.trial_id, " ".join(flat_hparams(s.hparams)), s.state, s.restarts, s.best_metric, s.best_checkpoint]
             for s in summaries]
-    return table(columns, rows)
+    return table(columns, rows, fit=fit, squeeze=("hparams",))

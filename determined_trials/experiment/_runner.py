@@ -1,6 +1,7 @@
 """``ExperimentRunner``: the master's part on one machine. It creates the searcher's trials, runs their
 processes (a few at once at most), feeds completed operations back to the searcher, restarts failed
-trials from their latest checkpoint, and pauses everything on SIGINT/SIGTERM, resumably."""
+trials from their latest checkpoint, and pauses everything on SIGINT/SIGTERM, resumably (or, when
+`det-trials experiment kill` marked the experiment CANCELED first, stops its trials now and ends CANCELED)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ from determined_trials.experiment._launch import TrialLaunch
 from determined_trials.experiment._report import Display
 from determined_trials.launch import PREEMPTED_EXIT_CODE
 
-__all__ = ["ExperimentRunner", "Work"]
+__all__ = ["KILLED_REASON", "ExperimentRunner", "Work"]
 
 _POLL_S = 0.05
 _STATE_VERSION = 1
 _TERMINAL = ("COMPLETED", "ERROR", "CANCELED")
+KILLED_REASON = "killed with `det-trials experiment kill`"
 
 
 @dataclasses.dataclass
@@ -77,8 +79,10 @@ class ExperimentRunner:
         self._running: dict[int, _Running] = {}
         self._ended_by_searcher: dict[int, tuple[Work, int]] = {}  # trial id -> (work, last length)
         self._stop_requests = 0
+        self._stop_requests_seen = 0
         self._pausing = False
         self._killed = False
+        self._canceled = False  # `det-trials experiment kill`: the experiment ends CANCELED
         self._failure: str | None = None
         self._last_failure: dict[int, str] = {}  # trial id -> how its latest attempt failed
         self._storage = storage_from_spec(config.checkpoint_storage, default_dir=store.path / "checkpoints")
@@ -120,7 +124,7 @@ class ExperimentRunner:
 
     def run(self) -> str:
         """Run until every trial ended, the experiment failed, or a stop was requested; returns the
-        experiment's state (COMPLETED, ERROR or PAUSED)."""
+        experiment's state (COMPLETED, ERROR, PAUSED, or CANCELED after `det-trials experiment kill`)."""
         self.store.set_experiment_state(self.experiment_id, "ACTIVE")
         claim_experiment(self.store, self.experiment_id)
         with _stop_signals(self.request_stop):
@@ -147,6 +151,13 @@ class ExperimentRunner:
             time.sleep(_POLL_S)
 
     def _apply_stop(self) -> None:
+        if self._stop_requests > self._stop_requests_seen:  # a new signal: from `experiment kill`? (even mid-pause)
+            self._stop_requests_seen = self._stop_requests
+            if not self._canceled and self.store.experiment(self.experiment_id).state == "CANCELED":
+                self._canceled = self._pausing = True
+                self._say("the experiment was killed (`det-trials experiment kill`): stopping its trials now")
+                self._kill_all()
+                return
         if self._stop_requests and not self._pausing:
             self._pausing = True
             if self._running:
@@ -222,7 +233,10 @@ class ExperimentRunner:
     # -- outcomes ---------------------------------------------------------------------------------
     def _on_exit(self, running: _Running, code: int) -> None:
         trial = self.store.trial(_trial_id(running.work))
-        if code == 0 and trial.state != "PAUSED":
+        if self._canceled:
+            self.store.set_trial_state(trial.id, "CANCELED", "experiment killed")
+            self._collect([trial.id])
+        elif code == 0 and trial.state != "PAUSED":
             self._on_done(running)
         elif code == PREEMPTED_EXIT_CODE or trial.state == "PAUSED" or running.proc.terminated:
             self._on_preempted(running)
@@ -320,7 +334,13 @@ class ExperimentRunner:
     def _finish(self) -> str:
         self._executor.close()
         self._display.close()
-        if self._failure is not None:
+        if self._canceled:
+            state, reason = "CANCELED", KILLED_REASON
+            for trial in self.store.trials(self.experiment_id):
+                if trial.state not in _TERMINAL:
+                    self.store.set_trial_state(trial.id, "CANCELED", "experiment killed")
+            self._queue.clear()
+        elif self._failure is not None:
             state, reason = "ERROR", self._failure
             for trial in self.store.trials(self.experiment_id):
                 if trial.state not in _TERMINAL:

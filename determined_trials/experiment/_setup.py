@@ -8,19 +8,20 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from determined_trials.config import ExperimentConfig, load_config
+from determined_trials.config import ConfigWarning, ExperimentConfig, load_config
 from determined_trials.core._context import resolve_run_dir
 from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import release_dead_owners
 from determined_trials.errors import ConfigError
 from determined_trials.experiment._errors import ExperimentError
-from determined_trials.experiment._preflight import PreflightError, check_entrypoint
+from determined_trials.experiment._preflight import PreflightError, check_command, check_entrypoint
 from determined_trials.experiment._report import Display, TrialSummary, summarize_trials
 from determined_trials.experiment._runner import ExperimentRunner
 from determined_trials.experiment._snapshot import DEFAULT_MAX_CONTEXT_BYTES, snapshot_context
@@ -93,10 +94,11 @@ def _configured_parallel(config: ExperimentConfig) -> int | None:
     return int(config.searcher.max_concurrent_trials) or (len(visible_gpus()) or os.cpu_count() or 1)
 
 
-def _snapshot_to_staging(context_dir: Path, run_path: Path, max_bytes: int) -> Path:
+def _snapshot_to_staging(context_dir: Path, run_path: Path, max_bytes: int, display: Display) -> Path:
     staging = run_path / "experiments" / f".staging-{uuid.uuid4().hex}"
     try:
-        snapshot_context(context_dir, staging / "model", exclude=[run_path], max_bytes=max_bytes)
+        snapshot_context(context_dir, staging / "model", exclude=[run_path], max_bytes=max_bytes,
+                         say=lambda line: display.echo(f"det-trials: {line}"))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -128,11 +130,18 @@ def create_experiment(
     if parsed.entrypoint is None:
         raise ConfigError("the experiment config has no entrypoint; add e.g. `entrypoint: model_def:MyTrial` "
                           "(a PyTorchTrial) or `entrypoint: python3 train.py` (a Core API script)")
-    parsed = load_config(_absolute_storage(parsed.as_dict(), Path.cwd()))
+    try:
+        check_command(parsed.entrypoint, Path(context_dir).resolve())
+    except PreflightError as exc:
+        raise ExperimentError(str(exc)) from None
+    with warnings.catch_warnings():  # said by the first parse already
+        warnings.simplefilter("ignore", ConfigWarning)
+        parsed = load_config(_absolute_storage(parsed.as_dict(), Path.cwd()))
     searcher = (searcher_factory or _default_searcher)(parsed)
     run_path = resolve_run_dir(run_dir)
     store = LocalStore(run_path)
-    staging = _snapshot_to_staging(Path(context_dir), run_path, max_context_bytes)
+    display = display or Display(progress=False)
+    staging = _snapshot_to_staging(Path(context_dir), run_path, max_context_bytes, display)
     try:
         check_entrypoint(parsed, staging / "model")
     except BaseException as exc:
@@ -168,7 +177,8 @@ def continue_experiment(
     exp = store.experiment(experiment_id)
     if exp.state != "PAUSED" or exp.searcher_state is None or exp.model_dir is None:
         hint = {"ACTIVE": "it is running; pause it with Ctrl-C or SIGTERM first",
-                "COMPLETED": "it has finished", "ERROR": "it failed; create a new experiment"}
+                "COMPLETED": "it has finished", "ERROR": "it failed; create a new experiment",
+                "CANCELED": "it was killed; create a new experiment (its checkpoints are kept)"}
         raise ExperimentError(f"experiment {experiment_id} is {exp.state}, not PAUSED: "
                               f"{hint.get(exp.state, 'only a paused experiment can continue')}")
     parsed = load_config(exp.config)

@@ -1,14 +1,17 @@
 """Snapshot a context directory into the run folder: `.detignore` (gitignore syntax), no byte-code,
-never the run folder itself, and a size limit, so later edits do not change a running experiment."""
+no run folder (the active one or any other: a folder holding ``store.sqlite``), and a size limit, so
+later edits do not change a running experiment."""
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pathspec
+
+from determined_trials.core.store._local import STORE_FILENAME
 
 __all__ = ["DEFAULT_MAX_CONTEXT_BYTES", "DETIGNORE", "ContextTooLargeError", "context_files", "snapshot_context"]
 
@@ -33,10 +36,18 @@ def _inside(path: Path, folders: list[Path]) -> bool:
     return any(path == f or path.is_relative_to(f) for f in folders)
 
 
-def context_files(context_dir: str | os.PathLike[str], *, exclude: list[Path] | None = None) -> Iterator[Path]:
+def _is_run_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a run folder (it holds a store): its runs and checkpoints are not code."""
+    return (folder / STORE_FILENAME).is_file()
+
+
+def context_files(
+    context_dir: str | os.PathLike[str], *, exclude: list[Path] | None = None, left_out: list[Path] | None = None,
+) -> Iterator[Path]:
     """Relative paths of the files a snapshot of ``context_dir`` takes, in a stable order.
 
-    ``exclude``: absolute folders never taken (the run folder, when it lies inside the context).
+    ``exclude``: absolute folders never taken (the run folder, when it lies inside the context). Run
+    folders (holding ``store.sqlite``) are never taken either; ``left_out`` gets their relative paths.
     """
     root = Path(context_dir).resolve()
     spec = _ignore_spec(root)
@@ -47,8 +58,13 @@ def context_files(context_dir: str | os.PathLike[str], *, exclude: list[Path] | 
         kept_dirs = []
         for name in sorted(dirs):
             rel = (rel_dir / name).as_posix()
-            if not _inside(here / name, skip) and not spec.match_file(rel + "/"):
-                kept_dirs.append(name)
+            if _inside(here / name, skip) or spec.match_file(rel + "/"):
+                continue
+            if _is_run_folder(here / name):
+                if left_out is not None:
+                    left_out.append(Path(rel))
+                continue
+            kept_dirs.append(name)
         dirs[:] = kept_dirs
         for name in sorted(files):
             rel = (rel_dir / name).as_posix()
@@ -62,8 +78,10 @@ def snapshot_context(
     *,
     exclude: list[Path] | None = None,
     max_bytes: int = DEFAULT_MAX_CONTEXT_BYTES,
+    say: Callable[[str], None] | None = None,
 ) -> int:
-    """Copy the context directory's files into ``dest`` (created); returns the bytes copied.
+    """Copy the context directory's files into ``dest`` (created); returns the bytes copied. Run
+    folders inside the context are left out; ``say`` gets a line naming them.
 
     Raises ``ContextTooLargeError`` (before copying anything) when the files exceed ``max_bytes``.
     """
@@ -72,7 +90,11 @@ def snapshot_context(
         raise FileNotFoundError(f"context directory {root} does not exist or is not a folder; pass the "
                                 "folder that holds your training code")
     target = Path(dest).resolve()
-    files = list(context_files(root, exclude=[*(exclude or []), target]))
+    run_folders: list[Path] = []
+    files = list(context_files(root, exclude=[*(exclude or []), target], left_out=run_folders))
+    if run_folders and say is not None:
+        names = ", ".join(sorted(f"{p.as_posix()}/" for p in run_folders))
+        say(f"left out of the context snapshot: {names} (run folders: they hold {STORE_FILENAME})")
     sizes = {rel: (root / rel).stat().st_size for rel in files}
     total = sum(sizes.values())
     if total > max_bytes:

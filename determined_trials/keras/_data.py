@@ -12,7 +12,12 @@ from typing import Any
 import numpy as np
 
 from determined_trials.keras._backend import require_tensorflow_backend
-from determined_trials.loop._data_order import epoch_permutation, global_epoch_len, rank_bounds
+from determined_trials.loop._data_order import (
+    epoch_permutation,
+    global_epoch_len,
+    rank_bounds,
+    warn_if_short_of_one_batch,
+)
 
 __all__ = ["DataSource", "make_source"]
 
@@ -64,6 +69,8 @@ class ArraySource(DataSource):
         self.global_batch_size = per_slot * size
         if self.epoch_len == 0:
             raise ValueError(f"{what}: {self._n} records are too few for one batch on each of {size} worker(s)")
+        if what.startswith("build_training"):
+            warn_if_short_of_one_batch(self._n, per_slot, size, f"the training data of {what}")
 
     def _take(self, indices: np.ndarray) -> Any:
         batch = tuple(keras.tree.map_structure(lambda a: a[indices], self._data))

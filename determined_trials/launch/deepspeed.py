@@ -3,15 +3,17 @@ SCRIPT [ARGS...])``: run a trial or a script on every slot with DeepSpeed's own 
 
 OPTIONS are those of ``torch_distributed`` (``--config``, ``--context-dir``, ``--latest-checkpoint``,
 ``--fail-grace``). DEEPSPEED_ARGS go to DeepSpeed's runner after our defaults (``--num_gpus`` =
-``resources.slots_per_trial``, a free ``--master_port`` on 127.0.0.1, ``--no_python --no_local_rank``),
-so they win; give ``--hostfile FILE`` (and ``--master_addr``) for several machines, which DeepSpeed
-reaches over ssh (only the local ranks are supervised then). Every rank runs under ``wrap_rank``; a
-``--trial`` on one slot runs without DeepSpeed's launcher. Exit status as for ``torch_distributed``: 0,
-the failing rank's code, 75 after a preemption, 2 for a usage, config or spec problem.
+``resources.slots_per_trial``, a free ``--master_port`` on 127.0.0.1, ``--log_level warning`` unless
+``$DET_DEEPSPEED_LOG_LEVEL`` names another, ``--no_python --no_local_rank``), so they win; give ``--hostfile
+FILE`` (and ``--master_addr``) for several machines, which DeepSpeed reaches over ssh (only the local ranks
+are supervised then). Every rank runs under ``wrap_rank``; a ``--trial`` on one slot runs without DeepSpeed's
+launcher. Exit status as for ``torch_distributed``: 0, the failing rank's code, 75 after a preemption, 2 for a
+usage, config or spec problem.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from collections.abc import Sequence
@@ -25,6 +27,17 @@ __all__ = ["build_command", "main"]
 
 NAME = "deepspeed"
 _HOSTFILE_FLAGS = ("-H", "--hostfile")
+LOG_LEVEL_ENV = "DET_DEEPSPEED_LOG_LEVEL"  # as in determined_trials.deepspeed._logs (not imported: no torch here)
+_RUNNER_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _runner_log_level() -> str:
+    """DeepSpeed's launcher logs every step at INFO by default; ours asks for WARNING unless told."""
+    level = os.environ.get(LOG_LEVEL_ENV, "").strip().lower() or "warning"
+    if level not in _RUNNER_LOG_LEVELS:
+        raise _args.LaunchError(f"${LOG_LEVEL_ENV}={level!r} is not a log level; use one of "
+                                f"{', '.join(_RUNNER_LOG_LEVELS)}")
+    return level
 
 
 def _slots(config: Any) -> int:
@@ -43,7 +56,7 @@ def build_command(args: _args.LaunchArgs, config: Any) -> tuple[list[str], dict[
     if not multi_node:
         env.update(DET_JOB_ID=uuid.uuid4().hex, DET_CORE_PORT=str(free_port()), DET_CHIEF_IP="127.0.0.1")
         runner += ["--num_gpus", str(slots), "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
-    runner += ["--no_python", "--no_local_rank", *args.overrides]
+    runner += ["--log_level", _runner_log_level(), "--no_python", "--no_local_rank", *args.overrides]
     return [*runner, *wrapped, "RANK", "--", *_worker_command(args)], env
 
 

@@ -3,6 +3,8 @@ of a global batch, computed from (seed, epoch, step) alone so any batch can be s
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 __all__ = [
@@ -11,6 +13,7 @@ __all__ = [
     "global_epoch_len",
     "rank_bounds",
     "validate_layout",
+    "warn_if_short_of_one_batch",
     "worker_seed_words",
 ]
 
@@ -47,6 +50,19 @@ def global_epoch_len(n: int, per_rank: int, num_replicas: int, drop_last: bool) 
     """Steps per epoch: full global batches, plus the partial one when it is kept (see ``rank_bounds``)."""
     full, rem = divmod(n, per_rank * num_replicas)
     return full + (1 if rem >= num_replicas and not drop_last else 0)
+
+
+def warn_if_short_of_one_batch(n: int, per_rank: int, num_replicas: int, what: str = "the training data") -> None:
+    """Warn (once per process, Python's default for one message) when ``n`` records are fewer than one
+    global batch: every step would then train on a short batch, silently."""
+    global_size = per_rank * num_replicas
+    if 0 < n < global_size:
+        warnings.warn(
+            f"{what} has {n} records, fewer than one batch ({per_rank} per rank x {num_replicas} rank(s) = "
+            f"{global_size}): every step trains on the same {n} records, a short batch; use a smaller "
+            "global_batch_size or more data",
+            stacklevel=2,
+        )
 
 
 def rank_bounds(step: int, n: int, per_rank: int, num_replicas: int, rank: int) -> tuple[int, int]:

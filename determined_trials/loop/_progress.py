@@ -26,9 +26,10 @@ def progress_enabled(requested: bool | None, is_chief: bool) -> bool:
 
 
 def summary_line(kind: str, batches: int, epochs: int, metrics: dict[str, Any]) -> str:
-    """E.g. ``[training] batch 500 (epoch 2): loss=0.1234 accuracy=0.9512``."""
+    """E.g. ``[training] batch 500 (epochs completed: 2): loss=0.1234 accuracy=0.9512``: ``epochs`` counts
+    whole epochs trained, which "epoch 2" would leave open (the second, or two done?)."""
     shown = " ".join(f"{key}={_short(value)}" for key, value in metrics.items() if key not in ("batches", "epochs"))
-    return f"[{kind}] batch {batches} (epoch {epochs}): {shown}"
+    return f"[{kind}] batch {batches} (epochs completed: {epochs}): {shown}"
 
 
 def _short(value: Any) -> str:

@@ -14,6 +14,7 @@ from determined_trials.loop._data_order import (
     global_epoch_len,
     rank_bounds,
     validate_layout,
+    warn_if_short_of_one_batch,
     worker_seed_words,
 )
 
@@ -123,6 +124,7 @@ class SampleOrderPlan:
         if self.epoch_len == 0:
             raise _too_small(f"{source.n} records", f"batch size {per_rank} on {num_replicas} rank(s), "
                              f"drop_last={drop_last}, and every rank needs a non-empty batch")
+        warn_if_short_of_one_batch(source.n, per_rank, num_replicas)
 
     def batches(self, start: int) -> Iterator[list[int]]:
         first_epoch, step = divmod(start, self.epoch_len)
