@@ -122,7 +122,14 @@ def test_torch_distributed_hands_a_multi_slot_keras_trial_to_the_tensorflow_laun
     launch = _run(launches, code_dir, tmp_path / "run", ["--config", str(config), "--", "--trial",
                                                           "keras_trials.py:MLPTrial"], launcher="torch_distributed")
     _completed(launch)
-    assert "MultiWorkerMirroredStrategy" in launch.output and "[rank=1]" in launch.output
+    assert "MultiWorkerMirroredStrategy" in launch.output  # TensorFlow's own INFO line, from the chief
+    # Ranks other than the chief log warnings only; each says once that it started, with its strategy.
+    for rank in (0, 1):
+        assert f"rank {rank} of 2 (local rank {rank}) training MLPTrial with " in launch.output
+        assert f"[rank={rank}] det-trials: rank {rank} of 2" in launch.output
+    assert launch.output.count("2 replicas in sync") == 2
+    started = [line for line in launch.output.splitlines() if "rank 1 of 2" in line]
+    assert started and all(line.startswith("[rank=1]") for line in started), started
 
 
 

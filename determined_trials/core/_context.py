@@ -22,6 +22,7 @@ from determined_trials.core._checkpoint import CheckpointContext
 from determined_trials.core._distributed import DistributedContext
 from determined_trials.core._preempt import PreemptContext, PreemptMode
 from determined_trials.core._profiler import ProfilerContext
+from determined_trials.core._resume import continue_bare_run
 from determined_trials.core._searcher import (
     SearcherContext,
     SingleOperationSource,
@@ -153,12 +154,16 @@ def init(
     tensorboard_mode: TensorboardMode = TensorboardMode.AUTO,
     config: ConfigSource | None = None,
     run_dir: str | os.PathLike[str] | None = None,
+    latest_checkpoint: str | None = None,
 ) -> Context:
     """Build a Core API ``Context``; use it as ``with det.core.init() as core_context:``.
 
-    ``config`` (a path, dict or parsed config) and ``run_dir`` are local additions: the experiment
-    configuration (hyperparameters, searcher, checkpoint storage) and the run folder for a bare
-    script. Under a launcher both come from the launcher.
+    ``config`` (a path, dict or parsed config), ``run_dir`` and ``latest_checkpoint`` are local additions:
+    the experiment configuration (hyperparameters, searcher, checkpoint storage), the run folder and the
+    checkpoint a plain script resumes from (a uuid, or ``"latest"``: the newest of an earlier run with
+    the same experiment name). A resumed plain script continues the trial that wrote the checkpoint, and
+    ``core_context.info.latest_checkpoint`` names it, as under a launcher. Under a launcher all three
+    come from the launcher.
     """
     info = get_cluster_info()
     owns_distributed = distributed is None
@@ -194,6 +199,7 @@ def init(
     context._config_written = config is not None or info is not None
     if info is None:
         context._rebuild = lambda t: {**parts(t), "info": ClusterInfo(trial=t, run_dir=str(run_path))}
+        continue_bare_run(context, latest_checkpoint)
     return context
 
 

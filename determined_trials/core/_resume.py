@@ -7,7 +7,9 @@ a checkpoint of an earlier run, that empty registration is dropped and the earli
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import sys
 from typing import TYPE_CHECKING
 
 from determined_trials._info import TrialInfo
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
     from determined_trials.core._context import Context
     from determined_trials.core.store._local import LocalStore
 
-__all__ = ["latest_bare_checkpoint", "resume_bare_trial"]
+__all__ = ["continue_bare_run", "latest_bare_checkpoint", "resume_bare_trial"]
 
 logger = logging.getLogger("determined_trials.core")
 
@@ -31,6 +33,40 @@ def latest_bare_checkpoint(store: LocalStore, trial: TrialInfo) -> str | None:
                  if e.name == name and e.model_dir is None and e.id != trial.experiment_id}
     found = [c for c in store.checkpoints() if c.experiment_id in same_name or c.trial_id == trial.trial_id]
     return found[-1].uuid if found else None
+
+
+def continue_bare_run(context: Context, wanted: str | None) -> str | None:
+    """The checkpoint a plain script resumes from: ``wanted`` (a uuid, or ``"latest"``: the newest checkpoint
+    of an earlier run with this run's experiment name, None when there is none). The trial that wrote it
+    goes on (``resume_bare_trial``), ``context.info.latest_checkpoint`` names it, and the chief says so on
+    stderr. Every rank calls this."""
+    dist = context.distributed
+    uuid = wanted
+    if wanted == "latest":
+        uuid = latest_bare_checkpoint(context.store, context.info.trial) if dist.get_rank() == 0 else None
+        if dist.get_size() > 1:
+            uuid = dist.broadcast(uuid)
+        if uuid is None:
+            _say(context, f"no checkpoint to resume from in {context.info.run_dir}: trial "
+                          f"{context.info.trial.trial_id} starts from scratch")
+    if uuid is None:
+        return None
+    resume_bare_trial(context, uuid)
+    context.info = dataclasses.replace(context.info, latest_checkpoint=uuid)
+    _say(context, f"resuming trial {context.info.trial.trial_id} from checkpoint {uuid}{_after_batch(context, uuid)}")
+    return uuid
+
+
+def _say(context: Context, line: str) -> None:
+    if context.distributed.get_rank() == 0:
+        print(f"det-trials: {line}", file=sys.stderr, flush=True)
+
+
+def _after_batch(context: Context, storage_id: str) -> str:
+    try:
+        return f" (after batch {context.store.checkpoint(storage_id).steps_completed})"
+    except NotFoundError:
+        return ""
 
 
 def resume_bare_trial(context: Context, storage_id: str) -> None:

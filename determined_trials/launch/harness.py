@@ -203,10 +203,23 @@ def _fit_arguments(config: Any, latest_checkpoint: str | None) -> dict[str, Any]
 
 
 def _configure_logging(debug: bool) -> None:
+    """The chief logs INFO (DEBUG with ``debug: true``); other ranks WARNING and above, so a job's progress
+    is said once, not once a rank (each rank still says that it started: ``_say_started``)."""
     rank = int(os.environ.get("RANK", "0") or 0)
     level = logging.WARNING if rank != 0 else logging.DEBUG if debug else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(level)
+
+
+def _say_started(context: Any, trial_cls: type) -> None:
+    """One line from every rank (whatever its log level) when its context is ready: which rank of how many,
+    and the tf.distribute strategy where the family has one, so a user sees every rank came up."""
+    dist = context.distributed
+    strategy = getattr(context, "strategy", None)
+    how = "" if strategy is None else (f" with {type(strategy).__name__}, "
+                                       f"{getattr(strategy, 'num_replicas_in_sync', '?')} replicas in sync")
+    print(f"det-trials: rank {dist.get_rank()} of {dist.get_size()} (local rank {dist.get_local_rank()}) "
+          f"training {trial_cls.__name__}{how}", file=sys.stderr, flush=True)
 
 
 def _train(trial_cls: type, config: Any, latest_checkpoint: str | None, early: _EarlySignals) -> int:
@@ -216,6 +229,7 @@ def _train(trial_cls: type, config: Any, latest_checkpoint: str | None, early: _
     trainer = None
     with package.init(exp_conf=config) as context:  # swallows InvalidHP: the trial ends early, as a success
         early.hand_over()
+        _say_started(context, trial_cls)
         trainer = package.Trainer(trial_cls(context), context)
         trainer.fit(**_fit_arguments(config, latest_checkpoint))
     exit_reason = None if trainer is None else trainer.exit_reason

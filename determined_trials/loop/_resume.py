@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from determined_trials._info import get_cluster_info
-from determined_trials.core._resume import latest_bare_checkpoint, resume_bare_trial
-from determined_trials.core.store._records import NotFoundError
+from determined_trials.core._resume import continue_bare_run
 from determined_trials.errors import TrainingInterrupted
 
 if TYPE_CHECKING:
@@ -38,29 +37,9 @@ def resolve_resume(core: Context, latest_checkpoint: str | None) -> str | None:
         if latest_checkpoint in (None, "latest"):
             return core.info.latest_checkpoint
         return latest_checkpoint
-    if latest_checkpoint == "latest":
-        latest_checkpoint = None
-        if core.distributed.get_rank() == 0:
-            latest_checkpoint = latest_bare_checkpoint(core.store, core.info.trial)
-        if core.distributed.get_size() > 1:
-            latest_checkpoint = core.distributed.broadcast(latest_checkpoint)
-        if latest_checkpoint is None:
-            _say(core, f"no checkpoint to resume from in {core.info.run_dir}: trial "
-                       f"{core.info.trial.trial_id} starts from scratch")
-            return None
-    if latest_checkpoint is not None:
-        resume_bare_trial(core, latest_checkpoint)
-        if core.distributed.get_rank() == 0:
-            _say(core, f"resuming trial {core.info.trial.trial_id} from checkpoint {latest_checkpoint}"
-                       f"{_after_batch(core, latest_checkpoint)}")
-    return latest_checkpoint
-
-
-def _after_batch(core: Context, storage_id: str) -> str:
-    try:
-        return f" (after batch {core.store.checkpoint(storage_id).steps_completed})"
-    except NotFoundError:
-        return ""
+    if latest_checkpoint is None:
+        return core.info.latest_checkpoint  # what init(latest_checkpoint=...) resumed, if anything
+    return continue_bare_run(core, latest_checkpoint)
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """A plain PyTorch training script on scikit-learn's digits, ported to the Core API.
 
 It reports training and validation metrics, saves a checkpoint each epoch with ``store_path``,
-resumes with ``restore_path`` (``--resume latest`` or ``--resume UUID``, or the launcher's latest
-checkpoint), stops cleanly on preemption (SIGTERM / SIGUSR1) and trains as long as the searcher's
+resumes with ``restore_path`` from ``core_context.info.latest_checkpoint`` (the launcher's, or
+``--resume latest`` / ``--resume UUID`` handed to ``det.core.init``: the resumed run continues its
+trial), stops cleanly on preemption (SIGTERM / SIGUSR1) and trains as long as the searcher's
 operations say. Run it: ``python train.py`` (add ``--preempt-after-epochs 2`` to see a preemption).
 """
 
@@ -81,17 +82,7 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loader:
     return int(json.loads((path / "progress.json").read_text())["epochs_completed"])
 
 
-def latest_checkpoint(core_context: det.core.Context, wanted: str | None) -> str | None:
-    """The checkpoint to resume from: the launcher's, else ``--resume`` (a uuid or 'latest')."""
-    if core_context.info.latest_checkpoint:
-        return core_context.info.latest_checkpoint
-    if wanted != "latest":
-        return wanted
-    checkpoints = core_context.store.checkpoints()
-    return checkpoints[-1].uuid if checkpoints else None
-
-
-def main(core_context: det.core.Context, resume: str | None, preempt_after: int | None) -> None:
+def main(core_context: det.core.Context, preempt_after: int | None) -> None:
     hparams = core_context.info.trial.hparams
     torch.manual_seed(core_context.info.trial.trial_seed)
     train_loader, val_loader = build_data(hparams["batch_size"], core_context.info.trial.trial_seed)
@@ -100,7 +91,7 @@ def main(core_context: det.core.Context, resume: str | None, preempt_after: int 
     batches_per_epoch = len(train_loader)
 
     epochs_done = 0
-    uuid = latest_checkpoint(core_context, resume)
+    uuid = core_context.info.latest_checkpoint  # the launcher's, or init(latest_checkpoint=--resume)
     restore = core_context.checkpoint.restore_path(uuid) if uuid else contextlib.nullcontext()
     with restore as path:
         if path is not None:
@@ -146,5 +137,5 @@ def parse_args() -> argparse.Namespace:
 
 if __name__ == "__main__":
     args = parse_args()
-    with det.core.init(config=args.config, run_dir=args.run_dir) as core_context:
-        main(core_context, args.resume, args.preempt_after_epochs)
+    with det.core.init(config=args.config, run_dir=args.run_dir, latest_checkpoint=args.resume) as core_context:
+        main(core_context, args.preempt_after_epochs)
