@@ -5,6 +5,7 @@ and ``det.pytorch.CheckpointLoadContext``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,15 @@ from determined_trials import pytorch
 from determined_trials.pytorch import Batch
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # the trials train on the CPU
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_process_group() -> Iterator[None]:
+    """``DeepSpeedTrialContext.from_config`` starts a torch.distributed group of one in this process: take it
+    down after these tests, or a later test that starts its own finds one already there."""
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 CONF = config({"global_batch_size": 4, "lr": 0.01, "hidden": 8})
 NAMES = ("get_stop_requested", "set_stop_requested", "get_tensorboard_path", "get_initial_batch")

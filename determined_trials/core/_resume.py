@@ -10,15 +10,26 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from determined_trials._info import TrialInfo
 from determined_trials.core.store._owner import claim_experiment
 from determined_trials.core.store._records import NotFoundError
 
 if TYPE_CHECKING:
-    from determined_trials.core._context import Context
+    from determined_trials._info import ClusterInfo
+    from determined_trials.core._distributed import DistributedContext
     from determined_trials.core.store._local import LocalStore
+
+
+class Context(Protocol):
+    """What resuming needs of the Core API ``Context`` (which calls this module from ``core.init``)."""
+
+    distributed: DistributedContext
+    store: LocalStore
+    info: ClusterInfo
+
+    def _retarget(self, trial: TrialInfo) -> None: ...
 
 __all__ = ["continue_bare_run", "latest_bare_checkpoint", "resume_bare_trial"]
 
