@@ -36,7 +36,12 @@ from determined_trials.launch._procs import (
     set_subreaper,
 )
 
-__all__ = ["Supervisor"]
+__all__ = ["FAILED_RANK_LINE", "Supervisor"]
+
+FAILED_RANK_LINE = re.compile(
+    r"^\w+: rank \d+ failed with exit code -?\d+.*\(its output is above, prefixed \[rank=\d+\]\)$")
+"""The launcher's one-line verdict on a failed rank (``_report_failure``): it repeats the last line of the
+rank's output, so a runner that summarises failures itself need not show it again."""
 
 _POLL_S = 0.05
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
