@@ -6,8 +6,8 @@ the cluster info), ``--context-dir DIR``, ``--latest-checkpoint UUID|latest``, `
 TORCH_OVERRIDES go to ``torch.distributed.run`` after our defaults, so they win; end them with ``--``.
 One process per slot (``resources.slots_per_trial``, split over ``$DET_NNODES`` nodes), each wrapped in
 ``wrap_rank``. A ``--trial`` on one slot runs without torchrun. Exit status: 0 when every worker
-succeeded, the failing rank's exit code when one failed, 75 after a preemption (resumable), 2 for a
-usage, config or spec problem.
+succeeded, the failing rank's exit code when one failed, 75 after a preemption (resumable; also for a
+SIGTERM or Ctrl-C that comes before the workers start), 2 for a usage, config or spec problem.
 """
 
 from __future__ import annotations
