@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+from determined_trials.core import DistributedContext
 from determined_trials.errors import CollectiveError
 
 ROUNDS = 200
@@ -100,12 +101,25 @@ def dies_in_local(dist: Any, victim: int) -> Any:
     return _expect_failure(dist, "allgather_local")
 
 
-def hangs(dist: Any, sleeper: int, seconds: float) -> tuple[str, float]:
-    """``sleeper`` is late to an allgather; the others time out and name it."""
-    dist.allgather(0)
-    if dist.rank == sleeper:
-        time.sleep(seconds)
-    return _expect_failure(dist, "allgather")
+def hangs(dist: Any, sleeper: int, timeout: float, flag: str) -> tuple[str, float]:
+    """``sleeper`` hangs at an allgather until rank 0 failed on it (``flag`` written); the others time out
+    after ``timeout`` s and name it. The short timeout is that of a second context opened once every rank
+    is up: the start-up of spawned processes on a loaded machine may take longer than it."""
+    dist.allgather(0)  # every rank is up (under the run's long timeout)
+    os.environ["DET_JOB_ID"] += "-short"  # its own sockets
+    with DistributedContext(rank=dist.get_rank(), size=dist.get_size(), local_rank=dist.get_local_rank(),
+                            local_size=dist.get_local_size(), cross_rank=dist.get_cross_rank(),
+                            cross_size=dist.get_num_agents(), chief_ip="127.0.0.1", timeout=timeout) as short:
+        short.allgather(0)
+        if short.rank == sleeper:
+            deadline = time.monotonic() + 300
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        result = _expect_failure(short, "allgather")
+        if short.rank == 0:
+            with open(flag, "w") as out:
+                out.write("rank 0 failed\n")
+        return result
 
 
 def diverges(dist: Any) -> tuple[str, float]:

@@ -38,6 +38,7 @@ def _validate(ctx: Any, hp: dict[str, Any], state: dict[str, Any]) -> float:
     curve = hp.get("curve")
     value = float(curve[(state["step"] - 1) % len(curve)]) if curve else loss
     ctx.train.report_validation_metrics(steps_completed=state["step"], metrics={"loss": value})
+    ctx.train.set_status("training")  # as the Trainer's loop does after a validation
     return value
 
 

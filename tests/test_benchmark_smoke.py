@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _group_run import run_in_group
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Timeouts: what a loaded machine (load 10 on 2 cores) needs; each benchmark runs in a process group of
+# its own, killed with the test (run_in_group), so none of its children outlives it.
+QUICK_S = 900  # one --quick benchmark: 8 (overhead) or a few child processes that each import torch
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(QUICK_S + 60)
 def test_overhead_benchmark_quick_run_prints_the_ratios() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--quick"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )
+    proc = run_in_group([sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--quick"], timeout=QUICK_S,
+                        cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     for mode in ("raw", "trial", "raw-ckpt", "trial-ckpt"):
@@ -32,12 +36,13 @@ def test_overhead_benchmark_quick_run_prints_the_ratios() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * QUICK_S + 60)
 def test_async_checkpoint_and_resume_benchmarks_quick_runs_print_their_summaries() -> None:
     for script, pattern in (
         ("async_checkpoint.py", r"^async blocking fraction \(median of per-round ratios to torch.save\): \d+\.\d+"),
         ("resume_cost.py", r"^resume into 100000 shuffled records, 2 rounds, medians: .*records read to skip: 0$"),
     ):
-        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
-                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+        proc = run_in_group([sys.executable, str(ROOT / "benchmarks" / script), "--quick"], timeout=QUICK_S,
+                            cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert re.search(pattern, proc.stdout, re.MULTILINE), proc.stdout

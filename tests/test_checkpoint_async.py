@@ -2,7 +2,7 @@
 ("copy"), and a small state serialised at once with only the publish off it ("write-now"). Exact resume,
 hook order, writer errors, a stop while a write is in flight; crash recovery of the commit order
 (pending rows, staging clean-up) with kill -9 of real processes; fsync of every file; GC of a plain
-script's fit."""
+script's fit (completed or stopped; a preempted one keeps all)."""
 
 from __future__ import annotations
 
@@ -347,6 +347,41 @@ def test_a_completed_plain_fit_keeps_what_the_runner_would(tmp_path: Path) -> No
     deleted = [c for c in store.checkpoints(trial_id=info["trial_id"], include_deleted=True) if c.state == "DELETED"]
     assert 1 <= len(kept) <= 2 and kept[-1].steps_completed == 12
     assert len(kept) + len(deleted) == 6
+    on_disk = {p.name for p in (tmp_path / "ckpts").iterdir() if not p.name.startswith(".")}
+    assert on_disk == {c.uuid for c in kept}
+
+
+class PreemptedTrial(ResumeTrial):
+    """Preempted (as by SIGTERM) on batch ``preempt_at``."""
+
+    def __init__(self, context: pytorch.PyTorchTrialContext, preempt_at: int) -> None:
+        super().__init__(context)
+        self.preempt_at = preempt_at
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
+        if batch_idx == self.preempt_at:
+            assert self.context._core is not None
+            self.context._core.preempt.request_preemption()
+        return super().train_batch(batch, epoch_idx, batch_idx)
+
+
+@pytest.mark.parametrize("ending", ["stopped", "preempted"])
+def test_a_plain_fit_the_trial_stops_keeps_what_the_runner_would_and_a_preempted_one_keeps_all(
+    tmp_path: Path, ending: str
+) -> None:
+    conf = {**CONF, "checkpoint_storage": {"type": "shared_fs", "host_path": str(tmp_path / "ckpts"),
+                                           "save_trial_best": 0, "save_trial_latest": 1}}
+    trial_factory = ((lambda c: ResumeTrial(c, stop_after=9)) if ending == "stopped"
+                     else (lambda c: PreemptedTrial(c, preempt_at=9)))
+    _, trainer, info = fit(trial_factory, conf, tmp_path, max_length=Batch(40), checkpoint_period=Batch(2),
+                           validation_period=Batch(2), checkpoint_policy="all")
+    assert trainer.exit_reason is not None and trainer.exit_reason.value == ending
+    store = core.LocalStore(tmp_path)
+    kept = store.checkpoints(trial_id=info["trial_id"])
+    everything = store.checkpoints(trial_id=info["trial_id"], include_deleted=True)
+    assert [c.steps_completed for c in everything] == [2, 4, 6, 8, 10]
+    # stopped: the trial ended, so only its latest stays; preempted: it resumes, so nothing is collected
+    assert [c.steps_completed for c in kept] == ([10] if ending == "stopped" else [2, 4, 6, 8, 10])
     on_disk = {p.name for p in (tmp_path / "ckpts").iterdir() if not p.name.startswith(".")}
     assert on_disk == {c.uuid for c in kept}
 

@@ -173,6 +173,21 @@ def test_searcher_variants_and_defaults() -> None:
     assert isinstance(timed, AdaptiveASHASearcher) and timed.max_time == 100
 
 
+def test_adaptive_asha_accepts_stop_once_and_warns_when_it_cannot_be_false() -> None:
+    asha = {"name": "adaptive_asha", "metric": "m", "max_trials": 4, "max_length": 16}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # true is what this ASHA does: no warning
+        searcher = load_config({"searcher": {**asha, "stop_once": True}}).searcher
+    assert isinstance(searcher, AdaptiveASHASearcher) and searcher.stop_once is True
+    with pytest.warns(ConfigWarning, match="stop_once: false.*never promoted later"):
+        searcher = load_config({"searcher": {**asha, "stop_once": False}}).searcher
+    assert isinstance(searcher, AdaptiveASHASearcher) and searcher.stop_once is False
+    with pytest.raises(ConfigError, match="stop_once"):
+        load_config({"searcher": {**asha, "stop_once": "sometimes"}})
+    with pytest.raises(ConfigError, match="stop_once"):  # an ASHA key only
+        load_config({"searcher": {"name": "random", "metric": "m", "max_trials": 2, "stop_once": True}})
+
+
 def test_storage_forms() -> None:
     assert load_config({"searcher": SINGLE, "checkpoint_storage": "/tmp/x"}).checkpoint_storage == "/tmp/x"
     s3 = load_config({"searcher": SINGLE, "checkpoint_storage": {

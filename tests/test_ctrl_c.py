@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _group_run import run_in_group
 
 from determined_trials.core import LocalStore
 
@@ -24,7 +25,12 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("P
 ENV.pop("DET_CLUSTER_INFO", None)
 ENV.pop("DET_LAUNCH_DIR", None)
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
+# Bounds for a loaded machine (load 10 on 2 cores): a worker that imports torch and trains may take minutes
+# where an idle machine takes seconds; every wait below is for an event, these only cap it.
+START_S = 600  # a worker's start-up until the file or line the test waits for
+END_S = 600  # a stopped worker's checkpoint and exit
+RUN_S = 900  # the digits example's resumed run to its end (11 more epochs)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device"), pytest.mark.timeout(2 * START_S + RUN_S)]
 
 
 def _start(run_dir: Path, flags: Path, resume: str = "-", *extra: str) -> subprocess.Popen[str]:
@@ -34,7 +40,7 @@ def _start(run_dir: Path, flags: Path, resume: str = "-", *extra: str) -> subpro
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + START_S
     while not path.exists():
         if proc.poll() is not None:
             pytest.fail(f"the worker ended before writing {path.name}:\n{proc.communicate()[0]}")
@@ -44,7 +50,7 @@ def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
 
 def _finish(proc: subprocess.Popen[str]) -> str:
     try:
-        return proc.communicate(timeout=120)[0]
+        return proc.communicate(timeout=END_S)[0]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -131,7 +137,7 @@ def test_the_digits_example_stops_on_ctrl_c_and_resumes_with_resume_latest(tmp_p
     checkpoint = LocalStore(run_dir).checkpoints()[-1]  # "best" also saved one at the validation
     assert f"checkpoint {checkpoint.uuid}" in output
     assert 0 < checkpoint.steps_completed < 540
-    resumed = subprocess.run([*command, "--resume", "latest"], env=env, capture_output=True, text=True, timeout=300)
+    resumed = run_in_group([*command, "--resume", "latest"], env=env, timeout=RUN_S)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resuming trial 1 from checkpoint {checkpoint.uuid}" in resumed.stderr
     assert "finished: completed; trial 1" in resumed.stdout

@@ -1,6 +1,6 @@
 """`experiment create` checks what it can before training (the entrypoint's trial class, in a short
 child process; global_batch_size), spends no restarts on the same failure before a trial's first
-report, and prints each failure once."""
+report, and prints each failure once (per attempt, and once in the summary)."""
 
 from __future__ import annotations
 
@@ -122,3 +122,53 @@ def test_a_config_file_with_a_missing_class_fails_fast_through_the_cli(tmp_path:
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
     assert create(tmp_path / "runs", path, ctx) == 2
+
+
+FAILING_TRIAL_FILE = '''
+import torch
+from determined_trials import pytorch
+
+class FailingTrial(pytorch.PyTorchTrial):
+    def __init__(self, context):
+        self.context = context
+        self.model = context.wrap_model(torch.nn.Linear(2, 1))
+        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.1))
+    def _data(self, n):
+        return pytorch.DataLoader(torch.utils.data.TensorDataset(torch.zeros(n, 2), torch.zeros(n, 1)),
+                                  batch_size=self.context.get_per_slot_batch_size())
+    def build_training_data_loader(self):
+        return self._data(32)
+    def build_validation_data_loader(self):
+        return self._data(8)
+    def train_batch(self, batch, epoch_idx, batch_idx):
+        raise ValueError("bad batch number " + str(batch_idx))
+    def evaluate_batch(self, batch):
+        return {"validation_loss": 0.0}
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("cpu_device")
+def test_a_trial_failing_in_train_batch_shows_its_exception_once_per_attempt_and_once_in_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "model_def.py").write_text(FAILING_TRIAL_FILE)
+    config = {"entrypoint": "model_def:FailingTrial", "hyperparameters": {"global_batch_size": 4},
+              "max_restarts": 1, "searcher": {"name": "single", "metric": "validation_loss",
+                                              "max_length": {"batches": 2}}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert create(tmp_path / "runs", path, ctx) == 1
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert LocalStore(tmp_path / "runs").trial(1).restarts == 1, text  # two attempts
+    assert text.count("Traceback (most recent call last)") == 2, text
+    # the traceback's last line of each attempt, and the summary's one line: not the launcher's verdict too
+    assert text.count("ValueError: bad batch number 0") == 3, text
+    assert any("failed twice the same way" in line and "ValueError: bad batch number 0" in line
+               for line in text.splitlines()), text
+    log = (tmp_path / "runs" / "experiments" / "1" / "trial_1.log").read_text()
+    assert "rank 0 failed with exit code 1: ValueError: bad batch number 0" in log  # kept in the trial's log
+

@@ -27,6 +27,7 @@ def test_grid_experiment_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     trials = store.trials(1)
     assert [t.hparams["lr"] for t in trials] == [0.1, 0.5, 0.9]
     assert all(t.state == "COMPLETED" for t in trials)
+    assert [t.status for t in trials] == ["completed"] * 3  # not the "training" each set last
     assert "[trial 1] done at step 4" in out
     assert "Experiment 1: COMPLETED" in out
     for trial in trials:

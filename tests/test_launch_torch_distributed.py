@@ -1,9 +1,11 @@
 """The torch_distributed launcher with real processes (torchrun, gloo, 127.0.0.1): a 2-worker run, a
-worker that raises, SIGTERM as a preemption and the resume, and the one-slot run without torchrun.
+worker that raises, SIGTERM as a preemption and the resume, a stop signal while the --trial probe runs, and
+the one-slot run without torchrun.
 Every run asserts that no process of the job is left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -19,6 +21,7 @@ import psutil
 import pytest
 
 import determined_trials as det
+from determined_trials.launch import PREEMPTED_EXIT_CODE
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
@@ -255,6 +258,43 @@ def test_a_failing_worker_stops_the_job_within_seconds(
     assert launch.output.count("boom in batch 3\n") == 1, launch.output  # rank 1's traceback, once
     assert max(launch.batches()[0]) < 10  # rank 0 did not train on
     _assert_nothing_left(launch, tmp_path)
+
+
+SLOW_IMPORT = '''
+import os
+import time
+from pathlib import Path
+
+Path(__file__).with_name("probe.pid").write_text(str(os.getpid()))  # the launcher's --trial probe imports us
+time.sleep(600)  # ... and is still at it when the signal comes (the test ends it, if the launcher does not)
+'''
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_while_the_trial_probe_runs_exits_preempted_and_ends_the_probe(
+    tmp_path: Path, code_dir: Path, launches: list[Launch], sig: signal.Signals
+) -> None:
+    (code_dir / "slow_import.py").write_text(SLOW_IMPORT)
+    config = _config(tmp_path, "slow.yaml", slots=2, batches=4)
+    launch = Launch(["--config", str(config), "--trial", "slow_import.py:SlowTrial"], code_dir, tmp_path / "runs")
+    launches.append(launch)
+    marker = code_dir / "probe.pid"
+    deadline = time.monotonic() + 120
+    while not marker.exists() or not marker.read_text():
+        assert launch.proc.poll() is None and time.monotonic() < deadline, launch.output
+        time.sleep(0.02)
+    probe = psutil.Process(int(marker.read_text()))
+    try:
+        launch.proc.send_signal(sig)
+        returncode, _ = launch.finish()
+        assert returncode == PREEMPTED_EXIT_CODE, launch.output
+        assert f"received {sig.name} before starting the workers" in launch.output
+        _, alive = psutil.wait_procs([probe], timeout=60)
+        assert alive == [], "the probe child outlived the launcher"
+        _assert_nothing_left(launch, tmp_path)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            probe.kill()
 
 
 def test_sigterm_preempts_every_rank_at_the_same_batch_and_the_run_resumes(

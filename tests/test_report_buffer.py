@@ -148,7 +148,11 @@ def test_status_and_progress_are_stored_within_a_second_and_at_close(tmp_path: P
         ctx.train.set_status("validating")
         ctx.train.report_progress(1.0)  # the end is written at once
         assert det.core.LocalStore(tmp_path).trial(trial_id).progress == 1.0
-    assert det.core.LocalStore(tmp_path).trial(trial_id).status == "validating"
+        ctx.train.set_status("checkpointing")
+        assert det.core.LocalStore(tmp_path).trial(trial_id).status == "validating"  # "checkpointing" is held
+        ctx.train.close()  # what close stores (the held status) ...
+        assert det.core.LocalStore(tmp_path).trial(trial_id).status == "checkpointing"
+    assert det.core.LocalStore(tmp_path).trial(trial_id).status == "completed"  # ... until the trial's end
 
 
 def test_tensorboard_training_events_are_flushed_at_most_once_a_second(

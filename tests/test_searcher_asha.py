@@ -137,3 +137,15 @@ def test_mode_is_accepted_and_does_not_change_the_single_bracket() -> None:
     lengths = {m: _asha(max_length=16, max_trials=2, mode=m).rung_lengths for m in
                ("aggressive", "standard", "conservative")}
     assert len({tuple(v) for v in lengths.values()}) == 1
+
+
+def test_stop_once_a_stopped_trial_is_never_promoted_later() -> None:
+    """Determined's `stop_once: true`: trial 1 is stopped at its rung (n=2, k=1) and stays stopped when
+    trial 3's report makes k=2 and trial 1 one of the two best."""
+    search = _asha(max_length=16, max_trials=4, divisor=2, max_rungs=2, stop_once=True)
+    assert search.rung_lengths == [8, 16]
+    ids = [r.request_id for r in search.initial_trials()]
+    for rid, metric in zip(ids, [1.0, 2.0, 3.0, 4.0]):
+        search.on_validation(rid, 8, metric)
+    assert [search.next_length(rid) for rid in ids] == [16, None, None, None]
+    assert [search.trial_state(rid) for rid in ids[1:]] == ["stopped"] * 3

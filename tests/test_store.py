@@ -151,9 +151,10 @@ def test_trial_updates(store: LocalStore, trial_id: int) -> None:
     store.set_trial_early_exit(trial_id, "INVALID_HP")
     assert store.increment_trial_restarts(trial_id) == 1
     assert store.increment_trial_restarts(trial_id) == 2
+    assert store.trial(trial_id).status == "training epoch 3"
     store.set_trial_state(trial_id, "ERROR", reason="crashed")
     trial = store.trial(trial_id)
-    assert (trial.status, trial.metadata, trial.progress) == ("training epoch 3", {"c": 1}, 0.25)
+    assert (trial.status, trial.metadata, trial.progress) == ("error", {"c": 1}, 0.25)
     assert (trial.early_exit_reason, trial.restarts, trial.state, trial.reason) == (
         "INVALID_HP", 2, "ERROR", "crashed"
     )
@@ -161,6 +162,22 @@ def test_trial_updates(store: LocalStore, trial_id: int) -> None:
     assert store.get_trial_metadata(trial_id) == {"c": 1}
     store.set_trial_state(trial_id, "ACTIVE")
     assert store.trial(trial_id).end_time is None
+
+
+@pytest.mark.parametrize("end", ["COMPLETED", "PAUSED", "CANCELED"])
+def test_a_trial_s_status_shows_its_end_and_a_late_status_write_does_not_undo_it(
+    store: LocalStore, trial_id: int, end: str
+) -> None:
+    store.set_trial_status(trial_id, "training")
+    store.set_trial_state(trial_id, end)
+    store.set_trial_status(trial_id, "training")  # a held status stored at close, after the end
+    assert store.trial(trial_id).status == end.lower()
+    store.set_trial_state(trial_id, "ACTIVE")  # a restart: no status until the trial sets one
+    assert store.trial(trial_id).status is None
+    store.set_trial_status(trial_id, "validating")
+    assert store.trial(trial_id).status == "validating"
+    with pytest.raises(NotFoundError):
+        store.set_trial_status(trial_id + 1000, "training")
 
 
 def test_trial_update_validation(store: LocalStore, trial_id: int) -> None:

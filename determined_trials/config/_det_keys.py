@@ -44,7 +44,7 @@ DETERMINED_KEYS: Mapping[str, frozenset[str]] = {
     "searcher.grid": _SEARCHER_COMMON | {"max_concurrent_trials"},
     "searcher.adaptive_asha": _SEARCHER_COMMON | {
         "bracket_rungs", "max_trials", "mode", "divisor", "max_rungs", "max_concurrent_trials", "time_metric",
-        "max_time",
+        "max_time", "stop_once",
     },
     "checkpoint_storage.shared_fs": _STORAGE_COMMON | {
         "host_path", "storage_path", "propagation", "container_path", "checkpoint_path", "tensorboard_path",

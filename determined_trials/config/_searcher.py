@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from determined_trials.config._base import ConfigProblems, StrictModel, tagged_union
-from determined_trials.config._det_keys import drop_unused_keys
+from determined_trials.config._det_keys import ConfigWarning, drop_unused_keys
 from determined_trials.config._length import MaxLength
 
 __all__ = [
@@ -18,7 +19,6 @@ __all__ = [
     "SingleSearcher",
     "default_searcher",
 ]
-
 
 
 def default_searcher() -> dict[str, Any]:
@@ -103,6 +103,23 @@ class AdaptiveASHASearcher(_SearcherBase):
     max_time: int | None = Field(
         default=None, ge=1, description="the time_metric value a trial trains to, e.g. `max_time: 1000`"
     )
+    stop_once: bool | None = Field(
+        default=None,
+        description="Determined's ASHA that decides each trial once at its rung (promoted now or stopped for "
+        "good): this ASHA always works so; `false` (later promotions) is accepted with a warning",
+    )
+
+    @model_validator(mode="after")
+    def _check_stop_once(self) -> AdaptiveASHASearcher:
+        if self.stop_once is False:
+            warnings.warn(
+                "experiment config: searcher.stop_once: false asks for later promotions of stopped trials; this "
+                "adaptive_asha decides each trial once, at its rung (as stop_once: true), so a stopped trial "
+                "is never promoted later",
+                ConfigWarning,
+                stacklevel=2,
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_length(self) -> AdaptiveASHASearcher:

@@ -31,7 +31,11 @@ from determined_trials.core._searcher import (
 from determined_trials.core._train import EarlyExitReason, TensorboardMode, TrainContext
 from determined_trials.core.channel._client import open_store
 from determined_trials.core.storage import storage_from_spec
-from determined_trials.core.store._checkpoint_recovery import recover_checkpoints, remove_stale_staging
+from determined_trials.core.store._checkpoint_recovery import (
+    recover_checkpoints,
+    recover_run_checkpoints,
+    remove_stale_staging,
+)
 from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import claim_experiment
 from determined_trials.errors import InvalidHP, TrainingInterrupted
@@ -179,6 +183,8 @@ def init(
     storage = storage_from_spec(storage_spec, default_dir=run_path / "checkpoints")
     if dist.get_rank() == 0:
         remove_stale_staging(storage)
+        if isinstance(store, LocalStore):  # owners' pids mean something only on the store's machine
+            recover_run_checkpoints(store, storage)  # every dead run's, not only this trial's
 
     def parts(trial: TrialInfo) -> dict[str, Any]:
         if dist.get_rank() == 0:  # settle what a killed writer of this trial left behind

@@ -1,5 +1,6 @@
 """One trial process: started in a session of its own, its output prefixed with ``[trial N] `` on the
-terminal and kept in the trial's log file, stopped by SIGTERM to its process group."""
+terminal (less the launcher's failed-rank line, which the runner's own failure lines replace) and kept
+in the trial's log file, stopped by SIGTERM to its process group."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
+from determined_trials.launch import FAILED_RANK_LINE
 from determined_trials.launch._procs import die_with_parent
 
 __all__ = ["TrialProcess"]
@@ -70,7 +72,8 @@ class TrialProcess:
                 self.tail.append(line)
                 self._log.write(line + "\n")
                 self._log.flush()
-                self._echo(self._prefix + line)
+                if not FAILED_RANK_LINE.match(line):  # it repeats the traceback's last line: once is enough
+                    self._echo(self._prefix + line)
         finally:
             stream.close()
             self._log.close()

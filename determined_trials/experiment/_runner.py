@@ -23,6 +23,7 @@ from determined_trials.core.store._retention import RetentionPolicy, collect_gar
 from determined_trials.experiment._executor import LocalExecutor, TrialExecutor, TrialHandle, TrialJob
 from determined_trials.experiment._launch import TrialLaunch
 from determined_trials.experiment._report import Display
+from determined_trials.experiment._reported import metric_from_validations, missing_metric_reason
 from determined_trials.launch import PREEMPTED_EXIT_CODE
 
 __all__ = ["KILLED_REASON", "ExperimentRunner", "Work"]
@@ -247,10 +248,12 @@ class ExperimentRunner:
         work, trial_id = running.work, _trial_id(running.work)
         early = self.store.trial(trial_id).early_exit_reason
         metric = None if early else self._op_metric(trial_id, running.length)
+        if metric is None and not early:  # no operation completed: a 0.38 script reports validations only
+            metric = metric_from_validations(self.store, trial_id, self._config.searcher, running.length)
         if early or metric is None:
-            why = f"exited early ({early})" if early else (
-                f"exited without reporting the searcher metric for length {running.length}")
-            self._say(f"trial {trial_id} {why}")
+            why = f"exited early ({early})" if early else missing_metric_reason(self._config.searcher, running.length)
+            if why is not None:
+                self._say(f"trial {trial_id} {why}")
             self.store.set_trial_state(trial_id, "COMPLETED", why)
             self._collect([trial_id])
             self._add_requests(self._searcher.on_trial_exited_early(work.request_id))

@@ -3,6 +3,7 @@
 
 from determined_trials.launch._args import entrypoint_command
 from determined_trials.launch._launch_dir import LAUNCH_DIR_ENV, PREEMPTED_EXIT_CODE
+from determined_trials.launch._supervise import FAILED_RANK_LINE
 from determined_trials.launch._trial_spec import TrialSpecError
 
-__all__ = ["LAUNCH_DIR_ENV", "PREEMPTED_EXIT_CODE", "TrialSpecError", "entrypoint_command"]
+__all__ = ["FAILED_RANK_LINE", "LAUNCH_DIR_ENV", "PREEMPTED_EXIT_CODE", "TrialSpecError", "entrypoint_command"]

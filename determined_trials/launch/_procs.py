@@ -1,5 +1,5 @@
 """Process plumbing for the launchers: exit codes, free ports, tying a child's life to its parent,
-and finding and killing everything a launcher started."""
+finding and killing everything a launcher started, and stop signals before the supervisor runs."""
 
 from __future__ import annotations
 
@@ -9,15 +9,22 @@ import ctypes.util
 import os
 import signal
 import socket
+import subprocess
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
+from types import FrameType
 
 import psutil
 
 __all__ = [
-    "child_pids", "descendants", "die_with_parent", "exit_code", "free_port", "kill_descendants", "set_subreaper",
+    "StopRequested", "child_pids", "descendants", "die_with_parent", "exit_code", "free_port", "kill_descendants",
+    "record_stop_signals", "run_child", "set_subreaper",
 ]
+
+_CHILD_POLL_S = 0.1  # how often run_child looks at the stop signals while its child runs
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -102,3 +109,52 @@ def kill_descendants(sig: int = signal.SIGKILL, exclude: AbstractSet[int] = froz
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)
     return procs
+
+
+class StopRequested(Exception):
+    """A stop signal (SIGTERM, SIGINT) arrived while the launcher was still preparing its workers."""
+
+
+@contextlib.contextmanager
+def record_stop_signals() -> Iterator[list[int]]:
+    """SIGTERM and SIGINT are recorded in the yielded list while the block runs (main thread), instead of
+    killing the launcher before its supervisor handles them."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def record(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, record) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_child(cmd: Sequence[str], *, timeout: float, stop: Sequence[int]) -> str:
+    """Run ``cmd`` (a short helper process) and return its stdout; it dies with this process, and is
+    killed when ``stop`` (a ``record_stop_signals`` list) gets a signal (``StopRequested``) or after
+    ``timeout`` seconds (``subprocess.TimeoutExpired``)."""
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=die_with_parent(signal.SIGKILL))
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if stop:
+                raise StopRequested(signal.Signals(stop[0]).name)
+            try:
+                out, _ = proc.communicate(timeout=min(_CHILD_POLL_S, max(deadline - time.monotonic(), 0.0)))
+                return out
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()

@@ -36,7 +36,12 @@ from determined_trials.launch._procs import (
     set_subreaper,
 )
 
-__all__ = ["Supervisor"]
+__all__ = ["FAILED_RANK_LINE", "Supervisor"]
+
+FAILED_RANK_LINE = re.compile(
+    r"^\w+: rank \d+ failed with exit code -?\d+.*\(its output is above, prefixed \[rank=\d+\]\)$")
+"""The launcher's one-line verdict on a failed rank (``_report_failure``): it repeats the last line of the
+rank's output, so a runner that summarises failures itself need not show it again."""
 
 _POLL_S = 0.05
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -47,12 +52,13 @@ class Supervisor:
 
     ``wait_ready``: hold a worker's preemption signal back until it said it handles one (the
     harness does; a custom script is signalled at once). ``fail_grace``: seconds the other workers
-    get to stop by themselves after one failed, before everything is killed.
+    get to stop by themselves after one failed, before everything is killed. ``signals``: the list the
+    launcher recorded stop signals in until now (this one appends to it too).
     """
 
     def __init__(
         self, cmd: Sequence[str], env: dict[str, str], folder: Path, *,
-        name: str, wait_ready: bool, fail_grace: float,
+        name: str, wait_ready: bool, fail_grace: float, signals: list[int] | None = None,
     ) -> None:
         self._cmd = list(cmd)
         self._env = env
@@ -60,7 +66,7 @@ class Supervisor:
         self._name = name
         self._wait_ready = wait_ready
         self._fail_grace = fail_grace
-        self._signals: list[int] = []
+        self._signals: list[int] = signals if signals is not None else []  # the launcher's: none is lost
         self._signalled: set[int] = set()
         self._failed_at: float | None = None
         self._killed = False

@@ -9,11 +9,13 @@ import importlib
 import importlib.util
 import inspect
 import os
-import subprocess
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+
+from determined_trials.launch._procs import run_child
 
 __all__ = [
     "FAMILY_LAUNCHERS", "TrialSpec", "TrialSpecError", "family_launcher", "import_trial_class", "parse_trial_spec",
@@ -150,16 +152,18 @@ def trial_family(cls: type) -> str | None:
     return None
 
 
-def family_launcher(spec_text: str | None, context_dir: str | os.PathLike[str], current: str) -> str | None:
+def family_launcher(spec_text: str | None, context_dir: str | os.PathLike[str], current: str,
+                    stop: Sequence[int] = ()) -> str | None:
     """The launcher module for the ``--trial`` class's family when it is not ``current`` (a launcher's
     name, e.g. "torch_distributed"); None for a script, the same launcher or a class that does not load
     (the harness reports that). The trial module is imported in a child process: a launcher must not
-    hold framework threads when it forks its workers."""
+    hold framework threads when it forks its workers. The child dies with the launcher, and is ended by
+    a stop signal recorded in ``stop`` (``StopRequested``)."""
     if spec_text is None:
         return None
     probe = [sys.executable, "-m", "determined_trials.launch._trial_spec", spec_text, str(context_dir)]
-    out = subprocess.run(probe, capture_output=True, text=True, timeout=300, check=False)
-    launcher = FAMILY_LAUNCHERS.get(out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "")
+    out = run_child(probe, timeout=300, stop=stop).strip()
+    launcher = FAMILY_LAUNCHERS.get(out.splitlines()[-1] if out else "")
     return launcher if launcher is not None and launcher.rsplit(".", 1)[-1] != current else None
 
 

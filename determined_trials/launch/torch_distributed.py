@@ -6,8 +6,8 @@ the cluster info), ``--context-dir DIR``, ``--latest-checkpoint UUID|latest``, `
 TORCH_OVERRIDES go to ``torch.distributed.run`` after our defaults, so they win; end them with ``--``.
 One process per slot (``resources.slots_per_trial``, split over ``$DET_NNODES`` nodes), each wrapped in
 ``wrap_rank``. A ``--trial`` on one slot runs without torchrun. Exit status: 0 when every worker
-succeeded, the failing rank's exit code when one failed, 75 after a preemption (resumable), 2 for a
-usage, config or spec problem.
+succeeded, the failing rank's exit code when one failed, 75 after a preemption (resumable; also for a
+SIGTERM or Ctrl-C that comes before the workers start), 2 for a usage, config or spec problem.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import uuid
@@ -23,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from determined_trials.launch import _args
-from determined_trials.launch._launch_dir import LAUNCH_DIR_ENV
-from determined_trials.launch._procs import free_port
+from determined_trials.launch._launch_dir import LAUNCH_DIR_ENV, PREEMPTED_EXIT_CODE
+from determined_trials.launch._procs import StopRequested, free_port, record_stop_signals
 from determined_trials.launch._supervise import Supervisor
 from determined_trials.launch._trial_spec import TrialSpecError, family_launcher, parse_trial_spec
 from determined_trials.launch.harness import CONFIG_ENV, LATEST_CHECKPOINT_ENV, HarnessError, resolve_latest_checkpoint
@@ -139,30 +140,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_launcher(argv: Sequence[str], name: str, engine: str,
                  build: Callable[[_args.LaunchArgs, Any], tuple[list[str], dict[str, str]]], usage: str) -> int:
     """Parse ``argv``, build the command with ``build(args, config)`` and supervise it (every launcher's
-    ``main``); a ``--trial`` of another family on several slots is handed to that family's launcher."""
-    try:
-        args = _args.parse(argv, engine=engine)
-        if args.help:
-            print(usage)
-            return 0
-        if args.trial is not None:
-            parse_trial_spec(args.trial, args.context_dir or ".")
-        config = _load_config(args)
-        other = family_launcher(args.trial, args.context_dir or ".", name) if _slots(config) > 1 else None
-        if other is not None:
-            return int(importlib.import_module(other).main(list(argv)))
-        cmd, additions = build(args, config)
-        folder = Path(tempfile.mkdtemp(prefix="det-launch-"))
+    ``main``); a ``--trial`` of another family on several slots is handed to that family's launcher.
+    SIGTERM/SIGINT are handled from the start: one that comes before the workers start ends the
+    preparation (and its probe child) with the preempted status, 75, as nothing needs a checkpoint."""
+    with record_stop_signals() as stop:
         try:
-            env = _environment(args, additions, folder)
-            supervisor = Supervisor(cmd, env, folder, name=name, wait_ready=args.trial is not None,
-                                    fail_grace=args.fail_grace)
-            return supervisor.run()
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-    except (_args.LaunchError, TrialSpecError, HarnessError) as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr)
-        return 2
+            args = _args.parse(argv, engine=engine)
+            if args.help:
+                print(usage)
+                return 0
+            if args.trial is not None:
+                parse_trial_spec(args.trial, args.context_dir or ".")
+            config = _load_config(args)
+            other = family_launcher(args.trial, args.context_dir or ".", name, stop) if _slots(config) > 1 else None
+            if stop:
+                raise StopRequested(signal.Signals(stop[0]).name)
+            if other is not None:
+                return int(importlib.import_module(other).main(list(argv)))
+            cmd, additions = build(args, config)
+            folder = Path(tempfile.mkdtemp(prefix="det-launch-"))
+            try:
+                env = _environment(args, additions, folder)
+                supervisor = Supervisor(cmd, env, folder, name=name, wait_ready=args.trial is not None,
+                                        fail_grace=args.fail_grace, signals=stop)
+                return supervisor.run()
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+        except StopRequested as exc:
+            print(f"{name}: received {exc} before starting the workers: nothing to checkpoint; exiting as "
+                  f"preempted, resumable (exit {PREEMPTED_EXIT_CODE})", file=sys.stderr, flush=True)
+            return PREEMPTED_EXIT_CODE
+        except (_args.LaunchError, TrialSpecError, HarnessError) as exc:
+            print(f"{name}: error: {exc}", file=sys.stderr)
+            return 2
 
 
 def _slots(config: Any) -> int:

@@ -1,6 +1,7 @@
 """The one ``fit`` front every family's ``Trainer`` shares: the arguments and their checks, the config a
 plain script runs with, the body of every ``init()``, resume resolution (``"latest"``), Ctrl-C, the exit
-reason and the retention policy after a completed plain run. A family gives only its adapter."""
+reason and the retention policy after a plain run that ended (completed or stopped by the trial). A family
+gives only its adapter."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
 __all__ = ["TrainerFront", "experiment_config", "open_trial_context"]
 
 DEFAULT_REPORTING_PERIOD = Batch(100)
+_ENDED = (ExitReason.COMPLETED, ExitReason.STOPPED)
+"""Exits that end the trial, after which a plain run applies the retention policy. A PREEMPTED run is
+resumable and keeps everything: ``fit(latest_checkpoint="latest")`` continues the same trial, whose
+checkpoints (the preempted part's too) are collected when it ends."""
 
 
 class _ClosableContext(Protocol):
@@ -139,7 +144,7 @@ class TrainerFront:
                 self._explain_failure(exc, core_context.distributed)
                 raise
             exits.append(self.exit_reason)
-        if self.exit_reason is ExitReason.COMPLETED and checkpoint_policy == "all" and get_cluster_info() is None:
+        if self.exit_reason in _ENDED and checkpoint_policy == "all" and get_cluster_info() is None:
             collect_bare_trial_garbage(core_context, self._context.config)
 
     def _searcher_metric(self, searcher: SearcherConfig) -> str | None:

@@ -102,7 +102,8 @@ class AdaptiveASHASearch(RandomSearch):
     """Asynchronous successive halving, one bracket: `max_trials` randomly sampled trials start at
     rung 0; a trial reporting at rung r is promoted to r+1 iff its metric is among the best
     max(1, floor(n / divisor)) of the n metrics reported at rung r so far (its own included; ties
-    go to the earlier report), else stopped. `mode` is accepted but every mode runs one bracket."""
+    go to the earlier report), else stopped for good: Determined's `stop_once` variant (a stopped trial is
+never promoted later). `mode` is accepted but every mode runs one bracket."""
 
     kind = "adaptive_asha"
 

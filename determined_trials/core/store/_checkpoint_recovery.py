@@ -12,11 +12,12 @@ import logging
 from typing import TYPE_CHECKING
 
 from determined_trials.core.storage import StorageManager
+from determined_trials.core.store._owner import owner_alive
 
 if TYPE_CHECKING:
     from determined_trials.core.store._local import LocalStore
 
-__all__ = ["STALE_STAGING_S", "recover_checkpoints", "remove_stale_staging"]
+__all__ = ["STALE_STAGING_S", "recover_checkpoints", "recover_run_checkpoints", "remove_stale_staging"]
 
 logger = logging.getLogger("determined_trials.core")
 
@@ -29,9 +30,43 @@ def recover_checkpoints(store: LocalStore, storage: StorageManager, trial_id: in
 
     Returns ``(completed, removed)``: the uuids now recorded as complete, and those deleted.
     """
+    return _settle(store, storage, trial_id, store.pending_checkpoints(trial_id))
+
+
+def recover_run_checkpoints(store: LocalStore, storage: StorageManager) -> tuple[list[str], list[str]]:
+    """Settle the pending checkpoints in ``storage`` of every trial of the run folder that no live process
+    can still be writing: its experiment is not ACTIVE, or its owner (runner or script) is gone. A process
+    killed between publishing and recording leaves a complete folder that this lists (and an unpublished
+    one that it removes), whichever trial starts next. Returns ``(completed, removed)`` as
+    ``recover_checkpoints``."""
+    by_trial: dict[int, list[str]] = {}
+    running: dict[int, bool] = {}
+    for uuid, trial_id, experiment_id in store.pending_checkpoints_in(str(storage)):
+        if experiment_id not in running:
+            running[experiment_id] = _may_be_writing(store, experiment_id)
+        if not running[experiment_id]:
+            by_trial.setdefault(trial_id, []).append(uuid)
     completed: list[str] = []
     removed: list[str] = []
-    for uuid in store.pending_checkpoints(trial_id):
+    for trial_id, uuids in by_trial.items():
+        done, gone = _settle(store, storage, trial_id, uuids)
+        completed += done
+        removed += gone
+    return completed, removed
+
+
+def _may_be_writing(store: LocalStore, experiment_id: int) -> bool:
+    """Whether a process of the experiment may still be writing checkpoints: it is ACTIVE and its owner lives."""
+    if store.experiment(experiment_id).state != "ACTIVE":
+        return False
+    owner = store.experiment_owner(experiment_id)
+    return owner is not None and owner_alive(*owner)
+
+
+def _settle(store: LocalStore, storage: StorageManager, trial_id: int, uuids: list[str]) -> tuple[list[str], list[str]]:
+    completed: list[str] = []
+    removed: list[str] = []
+    for uuid in uuids:
         if storage.exists(uuid):
             metadata = storage.read_metadata(uuid)
             store.add_checkpoint(

@@ -229,20 +229,26 @@ class LocalStore(StoreReads):
         )
 
     def set_trial_state(self, trial_id: int, state: str, reason: str | None = None) -> None:
-        """Move the trial to ``state``; terminal states stamp the end time, ACTIVE clears it."""
+        """Move the trial to ``state``; terminal states stamp the end time, ACTIVE clears it. The status
+        line follows: a trial that leaves ACTIVE shows its state (``completed``, ``paused``, ...), one
+        that (re)starts shows none until it sets one."""
         state = _checked_state(state, self.TRIAL_STATES, "trial")
         end = now() if state in _TERMINAL_STATES else None
+        status = None if state == "ACTIVE" else state.lower()
         self._update(
             "trial", trial_id,
-            "UPDATE trials SET state = ?, reason = ?, end_time = ? WHERE id = ?",
-            (state, reason, end, int(trial_id)),
+            "UPDATE trials SET state = ?, reason = ?, end_time = ?, status = ? WHERE id = ?",
+            (state, reason, end, status, int(trial_id)),
         )
 
     def set_trial_status(self, trial_id: int, status: str) -> None:
-        """Set the trial's free-text status line (``TrainContext.set_status``)."""
-        self._update(
-            "trial", trial_id, "UPDATE trials SET status = ? WHERE id = ?", (str(status), int(trial_id))
-        )
+        """Set the trial's free-text status line (``TrainContext.set_status``) while it is ACTIVE; a late
+        write after its end (a held status stored at close) leaves the end's status alone."""
+        with self._locked() as conn:
+            sql = "UPDATE trials SET status = ? WHERE id = ? AND state = 'ACTIVE'"
+            if conn.execute(sql, (str(status), int(trial_id))).rowcount == 0 and not conn.execute(
+                    "SELECT 1 FROM trials WHERE id = ?", (int(trial_id),)).fetchone():
+                raise self._not_found("trial", trial_id)
 
     def set_trial_metadata(self, trial_id: int, metadata: dict[str, Any]) -> None:
         """Replace the trial's metadata dict (``TrainContext.set_metadata``)."""

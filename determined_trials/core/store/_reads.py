@@ -155,6 +155,15 @@ class StoreReads:
             raise self._not_found("checkpoint", uuid)
         return _rec.checkpoint_from_row(rows[0])
 
+    def pending_checkpoints_in(self, storage: str) -> list[tuple[str, int, int]]:
+        """(uuid, trial id, experiment id) of every trial's checkpoint pending in ``storage``, oldest first."""
+        rows = self._read(
+            "SELECT c.uuid AS uuid, c.trial_id AS trial_id, t.experiment_id AS experiment_id FROM checkpoints AS c "
+            "JOIN trials AS t ON t.id = c.trial_id WHERE c.state = 'PENDING' AND c.storage = ? ORDER BY c.rowid",
+            (str(storage),),
+        )
+        return [(str(r["uuid"]), int(r["trial_id"]), int(r["experiment_id"])) for r in rows]
+
     def latest_checkpoint(self, trial_id: int) -> CheckpointRecord | None:
         """The trial's most recently reported checkpoint that is not deleted, or ``None``."""
         found = self.checkpoints(trial_id=trial_id)
