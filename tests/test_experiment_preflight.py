@@ -111,8 +111,9 @@ def test_the_same_failure_before_the_first_report_is_not_restarted_again(
     out = capsys.readouterr()
     text = out.out + out.err
     assert "failed again the same way before its first report" in text
-    # each attempt's traceback once (as it came); the summary names the error in one line
-    assert text.count("Traceback (most recent call last)") == 2, text
+    # the first attempt's traceback; the second, the same, is one line; the summary names the error in one line
+    assert text.count("Traceback (most recent call last") == 1, text
+    assert "RuntimeError: boom at step 1  (the same traceback as before; every line is in trial_1.log)" in text
     reason = LocalStore(tmp_path / "runs").experiment(1).reason or ""
     assert "RuntimeError: boom at step 1" in reason and "\n" not in reason
 
@@ -164,11 +165,17 @@ def test_a_trial_failing_in_train_batch_shows_its_exception_once_per_attempt_and
     out = capsys.readouterr()
     text = out.out + out.err
     assert LocalStore(tmp_path / "runs").trial(1).restarts == 1, text  # two attempts
-    assert text.count("Traceback (most recent call last)") == 2, text
-    # the traceback's last line of each attempt, and the summary's one line: not the launcher's verdict too
+    # The traceback once (the restart that fails the same way says so in one line), with the user's frames
+    # under the user's own path, not the snapshot's, and none of the harness's.
+    assert text.count("Traceback (most recent call last") == 1, text
+    assert f'File "{ctx / "model_def.py"}", line' in text, text
+    assert "experiments/1/model/model_def.py" not in text and "determined_trials/" not in text, text
+    assert "(the same traceback as before; every line is in trial_1.log)" in text, text
+    # the exception line of each attempt, and the summary's one line: not the launcher's verdict too
     assert text.count("ValueError: bad batch number 0") == 3, text
     assert any("failed twice the same way" in line and "ValueError: bad batch number 0" in line
                for line in text.splitlines()), text
     log = (tmp_path / "runs" / "experiments" / "1" / "trial_1.log").read_text()
     assert "rank 0 failed with exit code 1: ValueError: bad batch number 0" in log  # kept in the trial's log
+    assert log.count("Traceback (most recent call last):") == 2 and "determined_trials/loop/" in log  # every frame
 

@@ -24,6 +24,7 @@ from determined_trials.experiment._executor import LocalExecutor, TrialExecutor,
 from determined_trials.experiment._launch import TrialLaunch
 from determined_trials.experiment._report import Display
 from determined_trials.experiment._reported import metric_from_validations, missing_metric_reason
+from determined_trials.experiment._tracebacks import TracebackCondenser
 from determined_trials.launch import PREEMPTED_EXIT_CODE
 
 __all__ = ["KILLED_REASON", "ExperimentRunner", "Work"]
@@ -78,6 +79,7 @@ class ExperimentRunner:
         self._queue: list[Work] = []
         self._free_gpus = list(gpus or [])
         self._running: dict[int, _Running] = {}
+        self._echoes: dict[int, TracebackCondenser] = {}  # per trial, kept across its restarts
         self._ended_by_searcher: dict[int, tuple[Work, int]] = {}  # trial id -> (work, last length)
         self._stop_requests = 0
         self._stop_requests_seen = 0
@@ -219,7 +221,7 @@ class ExperimentRunner:
         proc = self._executor.start(TrialJob(
             launch=launch, entrypoint=self._config.entrypoint, slots=self._config.resources.slots_per_trial,
             run_dir=self.store.path, trial_dir=trial_dir, model_dir=self._model_dir, config_path=self._config_path,
-            log_path=self._exp_dir / f"trial_{trial_id}.log", echo=self._display.echo, gpus=tuple(gpus),
+            log_path=self._exp_dir / f"trial_{trial_id}.log", echo=self._echo_for(trial_id), gpus=tuple(gpus),
         ))
         self._running[trial_id] = _Running(work, int(length), proc, gpus)
         self._save_state()
@@ -231,8 +233,15 @@ class ExperimentRunner:
         taken, self._free_gpus = self._free_gpus[:count], self._free_gpus[count:]
         return taken
 
+    def _echo_for(self, trial_id: int) -> TracebackCondenser:
+        if trial_id not in self._echoes:
+            self._echoes[trial_id] = TracebackCondenser.for_trial(
+                self._display.echo, exp_dir=self._exp_dir, model_dir=self._model_dir, trial_id=trial_id)
+        return self._echoes[trial_id]
+
     # -- outcomes ---------------------------------------------------------------------------------
     def _on_exit(self, running: _Running, code: int) -> None:
+        self._echo_for(_trial_id(running.work)).flush()
         trial = self.store.trial(_trial_id(running.work))
         if self._canceled:
             self.store.set_trial_state(trial.id, "CANCELED", "experiment killed")

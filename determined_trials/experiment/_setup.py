@@ -25,6 +25,7 @@ from determined_trials.experiment._preflight import PreflightError, check_comman
 from determined_trials.experiment._report import Display, TrialSummary, summarize_trials
 from determined_trials.experiment._runner import ExperimentRunner
 from determined_trials.experiment._snapshot import DEFAULT_MAX_CONTEXT_BYTES, snapshot_context
+from determined_trials.experiment._tracebacks import SOURCE_FILE
 
 __all__ = ["ExperimentError", "ExperimentResult", "continue_experiment", "create_experiment", "parallelism",
            "visible_gpus"]
@@ -155,6 +156,7 @@ def create_experiment(
     exp_dir = run_path / "experiments" / str(experiment_id)
     _place_experiment_dir(staging, exp_dir)
     _record_model_dir(store, experiment_id, exp_dir / "model")
+    (exp_dir / SOURCE_FILE).write_text(f"{Path(context_dir).resolve()}\n")  # tracebacks name the user's files
     config_path = exp_dir / CONFIG_FILE
     config_path.write_text(yaml.safe_dump(parsed.as_dict(), sort_keys=False))
     runner = ExperimentRunner(
