@@ -159,3 +159,58 @@ class StoreReads:
         """The trial's most recently reported checkpoint that is not deleted, or ``None``."""
         found = self.checkpoints(trial_id=trial_id)
         return found[-1] if found else None
+
+    # -- summaries (one query each, for dashboards over many trials) ---------------------------------
+    def trial_counts(self) -> dict[int, dict[str, int]]:
+        """{experiment id: {trial state: number of trials}} over the whole store."""
+        out: dict[int, dict[str, int]] = {}
+        for r in self._read("SELECT experiment_id, state, COUNT(*) AS n FROM trials GROUP BY experiment_id, state"):
+            out.setdefault(r["experiment_id"], {})[r["state"]] = r["n"]
+        return out
+
+    def trial_steps(self, experiment_id: int) -> dict[int, int]:
+        """{trial id: the largest ``steps_completed`` it reported} for the experiment's trials with reports."""
+        rows = self._read(
+            "SELECT t.id AS tid, (SELECT MAX(m.steps_completed) FROM metrics AS m WHERE m.trial_id = t.id) AS s "
+            "FROM trials AS t WHERE t.experiment_id = ?", (int(experiment_id),))
+        return {r["tid"]: int(r["s"]) for r in rows if r["s"] is not None}
+
+    def metric_points(
+        self, experiment_id: int, group: str, metric: str, *, trial_id: int | None = None
+    ) -> list[tuple[int, int, float]]:
+        """(trial id, steps, value) of one metric in one group for the experiment's trials (or one trial),
+        ordered by trial, steps and report; missing, non-numeric and NaN values are left out."""
+        sql = (
+            "SELECT m.trial_id AS tid, m.steps_completed AS s, json_valid(m.metrics) AS ok, "
+            "CASE WHEN json_valid(m.metrics) THEN json_extract(m.metrics, ?) END AS v, "
+            "CASE WHEN json_valid(m.metrics) THEN NULL ELSE m.metrics END AS raw "
+            "FROM metrics AS m JOIN trials AS t ON t.id = m.trial_id WHERE t.experiment_id = ? AND m.grp = ?"
+        )
+        params: list[Any] = [_json_path(metric), int(experiment_id), group]
+        if trial_id is not None:
+            sql += " AND m.trial_id = ?"
+            params.append(int(trial_id))
+        points = []
+        for r in self._read(sql + " ORDER BY m.trial_id, m.steps_completed, m.id", params):
+            # SQLite's JSON functions reject NaN and Infinity (which the store keeps): parse those rows here
+            value = r["v"] if r["ok"] else _rec.loads(r["raw"]).get(metric)
+            number = _rec.numeric(value)
+            if number is not None:
+                points.append((r["tid"], r["s"], number))
+        return points
+
+    def metric_names(self, experiment_id: int, group: str, *, sample: int = 400) -> list[str]:
+        """The metric names in the experiment's latest ``sample`` reports of ``group``, sorted."""
+        rows = self._read(
+            "SELECT m.metrics FROM metrics AS m JOIN trials AS t ON t.id = m.trial_id "
+            "WHERE t.experiment_id = ? AND m.grp = ? ORDER BY m.id DESC LIMIT ?",
+            (int(experiment_id), group, int(sample)))
+        names: set[str] = set()
+        for r in rows:
+            names.update(_rec.loads(r["metrics"]))
+        return sorted(names)
+
+
+def _json_path(key: str) -> str:
+    """The SQLite JSON path of a top-level key (quoted, so dots and spaces stay part of the name)."""
+    return '$."' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
