@@ -199,6 +199,22 @@ class StoreReads:
                 points.append((r["tid"], r["s"], number))
         return points
 
+    def best_by_trial(self, experiment_id: int, metric: str, smaller_is_better: bool) -> dict[int, float]:
+        """{trial id: its best validation value of ``metric``} (trials without a usable value left out)."""
+        where = "FROM metrics AS m JOIN trials AS t ON t.id = m.trial_id WHERE t.experiment_id = ? AND m.grp = ?"
+        params = (int(experiment_id), "validation")
+        rows = self._read(
+            "SELECT tid, MIN(v) AS lo, MAX(v) AS hi FROM (SELECT m.trial_id AS tid, json_extract(m.metrics, ?) AS v "
+            f"{where} AND json_valid(m.metrics)) WHERE typeof(v) IN ('integer', 'real') GROUP BY tid",
+            (_json_path(metric), *params))
+        best = {r["tid"]: float(r["lo"] if smaller_is_better else r["hi"]) for r in rows}
+        pick = min if smaller_is_better else max
+        for r in self._read(f"SELECT m.trial_id AS tid, m.metrics {where} AND NOT json_valid(m.metrics)", params):
+            value = _rec.numeric(_rec.loads(r["metrics"]).get(metric))
+            if value is not None:
+                best[r["tid"]] = pick(value, best.get(r["tid"], value))
+        return best
+
     def metric_names(self, experiment_id: int, group: str, *, sample: int = 400) -> list[str]:
         """The metric names in the experiment's latest ``sample`` reports of ``group``, sorted."""
         rows = self._read(
