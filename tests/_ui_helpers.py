@@ -15,7 +15,7 @@ from pathlib import Path
 
 from determined_trials.core import LocalStore
 
-__all__ = ["EVIL", "make_store", "running_ui"]
+__all__ = ["EVIL", "make_big_store", "make_store", "running_ui"]
 
 EVIL = '<img src=x onerror="window.__pwned=1">'
 
@@ -44,6 +44,31 @@ def make_store(run_dir: Path, *, trials: int = 3, training_rows: int = 50, valid
         store.set_trial_progress(tid, 0.5)
     store.set_trial_state(1, "COMPLETED")
     return store
+
+
+def make_big_store(run_dir: Path, *, trials: int = 200, training_rows: int = 4_500, validation_rows: int = 500) -> None:
+    """One experiment of ``trials`` trials × (``training_rows`` + ``validation_rows``) metric reports, a checkpoint
+    each, and a 200,000-line log for trial 1: the dashboard's scale test."""
+    store = LocalStore(run_dir)
+    config = {"name": "big", "searcher": {"name": "random", "metric": "validation_loss", "max_length": training_rows}}
+    exp = store.create_experiment(name="big", config=config)
+    for i in range(trials):
+        tid = store.create_trial(experiment_id=exp, hparams={"lr": 10 ** (-4 + 3 * i / trials), "layers": 1 + i % 4,
+                                                             "optimizer": ["sgd", "adam", "rmsprop"][i % 3]}, seed=i)
+        scale = 1 + (i % 17) / 10
+        reports = [{"group": "training", "steps_completed": s, "reported_time": 0.0,
+                    "metrics": {"loss": scale / s, "accuracy": 1 - 1 / s, "lr": 0.1}} for s in range(1, training_rows + 1)]
+        reports += [{"group": "validation", "steps_completed": v * 9, "reported_time": 0.0,
+                     "metrics": {"validation_loss": scale / v + i / 1000, "validation_accuracy": 1 - 1 / v}}
+                    for v in range(1, validation_rows + 1)]
+        store.add_metrics_reports(trial_id=tid, reports=reports)
+        store.add_checkpoint(uuid=f"big-{tid}", trial_id=tid, steps_completed=training_rows, metadata={},
+                             resources={"model.pt": 1 << 20}, storage="shared_fs")
+        store.set_trial_progress(tid, (i % 10) / 10)
+    log = run_dir / "experiments" / str(exp) / "trial_1.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(f"step {s} loss {1 / s}\n" for s in range(1, 200_001)))
+    store.close()
 
 
 @contextmanager

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import math
+import operator
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -156,14 +158,16 @@ def trial_metrics(store: LocalStore, trial_id: int, group: str, max_points: int)
 
 def experiment_metric(store: LocalStore, experiment_id: int, group: str, metric: str,
                       max_points: int) -> dict[str, Any]:
-    """One metric of one group for every trial of the experiment (learning curves), each thinned."""
+    """One metric of one group for every trial of the experiment (learning curves), each thinned to
+    ``max_points``; a trial with more than twice that many reports is read as an even sample of them first
+    (``LocalStore.metric_points``), so this overview stays quick for long runs (a trial's own charts read all)."""
     store.experiment(experiment_id)
+    points = store.metric_points(experiment_id, group, metric, max_rows_per_trial=2 * max_points)
     raw: dict[int, tuple[list[int], list[float]]] = {}
-    for tid, steps, value in store.metric_points(experiment_id, group, metric):
-        if math.isfinite(value):
-            s, v = raw.setdefault(tid, ([], []))
-            s.append(steps)
-            v.append(value)
+    for tid, rows in itertools.groupby(points, key=operator.itemgetter(0)):
+        kept = [(steps, value) for _, steps, value in rows if math.isfinite(value)]
+        if kept:
+            raw[tid] = ([p[0] for p in kept], [p[1] for p in kept])
     return {"experiment_id": experiment_id, "group": group, "metric": metric, "max_points": max_points,
             "trials": {str(tid): _series(s, v, max_points) for tid, (s, v) in raw.items()}}
 

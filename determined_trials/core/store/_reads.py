@@ -176,27 +176,40 @@ class StoreReads:
         return {r["tid"]: int(r["s"]) for r in rows if r["s"] is not None}
 
     def metric_points(
-        self, experiment_id: int, group: str, metric: str, *, trial_id: int | None = None
+        self, experiment_id: int, group: str, metric: str, *, max_rows_per_trial: int | None = None
     ) -> list[tuple[int, int, float]]:
-        """(trial id, steps, value) of one metric in one group for the experiment's trials (or one trial),
-        ordered by trial, steps and report; missing, non-numeric and NaN values are left out."""
-        sql = (
-            "SELECT m.trial_id AS tid, m.steps_completed AS s, json_valid(m.metrics) AS ok, "
+        """(trial id, steps, value) of one metric in one group for each of the experiment's trials, ordered by
+        trial, steps and report; missing, non-numeric and NaN values are left out.
+
+        With ``max_rows_per_trial``, the reports are sampled evenly (by row id, with each trial's first and last
+        report) so that no trial reads many more rows than that: an overview of very long series in one quick
+        query, without parsing every report.
+        """
+        inside = "m.grp = ? AND m.trial_id IN (SELECT id FROM trials WHERE experiment_id = ?)"
+        base: list[Any] = [group, int(experiment_id)]
+        stats = self._read(f"SELECT m.trial_id AS tid, COUNT(*) AS n, MIN(m.id) AS lo, MAX(m.id) AS hi "
+                           f"FROM metrics AS m WHERE {inside} GROUP BY m.trial_id", base)
+        if not stats:
+            return []
+        most = max(r["n"] for r in stats)
+        stride = 1 if not max_rows_per_trial else max(1, -(-most // int(max_rows_per_trial)))
+        sample, params = "", list(base)
+        if stride > 1:
+            ends = sorted({r["lo"] for r in stats} | {r["hi"] for r in stats})
+            sample = f" AND (m.id % ? = 0 OR m.id IN ({', '.join('?' * len(ends))}))"
+            params += [stride, *ends]
+        # SQLite's JSON functions reject NaN and Infinity (which the store keeps): such rows come back raw
+        rows = self._read(
+            "SELECT tid, s, v, raw FROM (SELECT m.trial_id AS tid, m.steps_completed AS s, m.id AS id, "
             "CASE WHEN json_valid(m.metrics) THEN json_extract(m.metrics, ?) END AS v, "
             "CASE WHEN json_valid(m.metrics) THEN NULL ELSE m.metrics END AS raw "
-            "FROM metrics AS m JOIN trials AS t ON t.id = m.trial_id WHERE t.experiment_id = ? AND m.grp = ?"
-        )
-        params: list[Any] = [_json_path(metric), int(experiment_id), group]
-        if trial_id is not None:
-            sql += " AND m.trial_id = ?"
-            params.append(int(trial_id))
+            f"FROM metrics AS m WHERE {inside}{sample}) WHERE raw IS NOT NULL OR typeof(v) IN ('integer', 'real') "
+            "ORDER BY tid, s, id", [_json_path(metric), *params])
         points = []
-        for r in self._read(sql + " ORDER BY m.trial_id, m.steps_completed, m.id", params):
-            # SQLite's JSON functions reject NaN and Infinity (which the store keeps): parse those rows here
-            value = r["v"] if r["ok"] else _rec.loads(r["raw"]).get(metric)
-            number = _rec.numeric(value)
+        for tid, steps, value, raw in rows:
+            number = _rec.numeric(_rec.loads(raw).get(metric)) if raw is not None else float(value)
             if number is not None:
-                points.append((r["tid"], r["s"], number))
+                points.append((tid, steps, number))
         return points
 
     def best_by_trial(self, experiment_id: int, metric: str, smaller_is_better: bool) -> dict[int, float]:
@@ -215,15 +228,16 @@ class StoreReads:
                 best[r["tid"]] = pick(value, best.get(r["tid"], value))
         return best
 
-    def metric_names(self, experiment_id: int, group: str, *, sample: int = 400) -> list[str]:
-        """The metric names in the experiment's latest ``sample`` reports of ``group``, sorted."""
+    def metric_names(self, experiment_id: int, group: str) -> list[str]:
+        """The metric names in each trial's latest report of ``group`` (sorted)."""
         rows = self._read(
-            "SELECT m.metrics FROM metrics AS m JOIN trials AS t ON t.id = m.trial_id "
-            "WHERE t.experiment_id = ? AND m.grp = ? ORDER BY m.id DESC LIMIT ?",
-            (int(experiment_id), group, int(sample)))
+            "SELECT (SELECT m.metrics FROM metrics AS m WHERE m.trial_id = t.id AND m.grp = ? "
+            "ORDER BY m.steps_completed DESC, m.id DESC LIMIT 1) AS metrics FROM trials AS t WHERE t.experiment_id = ?",
+            (group, int(experiment_id)))
         names: set[str] = set()
         for r in rows:
-            names.update(_rec.loads(r["metrics"]))
+            if r["metrics"] is not None:
+                names.update(_rec.loads(r["metrics"]))
         return sorted(names)
 
 

@@ -247,7 +247,7 @@
       const key = chosen.group + "/" + chosen.metric + "/" + last;
       if (!force && key === curveKey) return;
       curveKey = key;
-      const q = "?group=" + encodeURIComponent(chosen.group) + "&metric=" + encodeURIComponent(chosen.metric) + "&max_points=300";
+      const q = "?group=" + encodeURIComponent(chosen.group) + "&metric=" + encodeURIComponent(chosen.metric) + "&max_points=200";
       const data = await api("/api/v1/experiments/" + id + "/metrics" + q);
       const ids = Object.keys(data.trials).map(Number).sort((a, b) => a - b);
       curves.replaceChildren(C.lineChart({
