@@ -254,3 +254,24 @@ def test_the_real_server_read_only(run_dir: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=10)
         assert refused.value.code == 403
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("cpu_device")
+def test_a_plain_trainer_fit_run(tmp_path: Path) -> None:
+    from pytorch_trials import LinearTrial, config, fit
+
+    from determined_trials.pytorch import Batch
+
+    _, _, info = fit(LinearTrial, config({"lr": 0.05}), tmp_path, max_length=Batch(8))
+    client = _client(tmp_path)
+    exp = client.get("/api/v1/experiments").json()["experiments"][0]
+    assert exp["kind"] == "script" and exp["state"] == "COMPLETED" and exp["best_metric"] is not None
+    trial = client.get(f"/api/v1/experiments/{exp['id']}/trials").json()["trials"][0]
+    assert trial["id"] == info["trial_id"] and trial["hparams"]["lr"] == 0.05 and trial["batches"] == 8
+    series = client.get(f"/api/v1/trials/{trial['id']}/metrics?group=training").json()["series"]
+    assert "loss" in series and series["loss"]["steps"][-1] == 8
+    validation = client.get(f"/api/v1/trials/{trial['id']}/metrics?group=validation").json()["series"]
+    assert "validation_loss" in validation
+    uuids = [c["uuid"] for c in client.get(f"/api/v1/trials/{trial['id']}/checkpoints").json()["checkpoints"]]
+    assert uuids == [c.uuid for c in info["checkpoints"]] and uuids
