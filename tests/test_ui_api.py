@@ -186,9 +186,18 @@ def test_the_page_gets_the_token_on_loopback_only(run_dir: Path) -> None:
     page = _client(run_dir).get("/experiments/1")
     assert page.status_code == 200 and f'content="{TOKEN}"' in page.text
     assert "script-src 'self'" in page.headers["content-security-policy"]
-    # a page reached under another host name (DNS rebinding) does not get it
-    assert TOKEN not in _client(run_dir, base="http://evil.example:8080").get("/").text
-    assert f'content="{TOKEN}"' in _client(run_dir, base="http://evil.example").get(f"/?token={TOKEN}").text
+    for base in ("http://localhost:8080", "http://[::1]:9000", "http://127.0.0.1"):
+        assert f'content="{TOKEN}"' in _client(run_dir, base=base).get("/").text
+
+
+@pytest.mark.parametrize("path", ["/", "/experiments/1", f"/?token={TOKEN}", "/api/v1/experiments", "/static/app.js"])
+def test_on_loopback_other_host_names_are_refused(run_dir: Path, path: str) -> None:
+    """A page whose name was pointed at 127.0.0.1 (DNS rebinding) reads nothing, the token least of all."""
+    for base in ("http://evil.example:8080", "http://evil.example", "http://127.0.0.1.evil.example:8080"):
+        response = _client(run_dir, base=base).get(path)
+        assert response.status_code == 421 and TOKEN not in response.text
+    response = _client(run_dir, base="http://evil.example:8080").post("/api/v1/experiments/1/kill", headers=AUTH)
+    assert response.status_code == 421 and LocalStore(run_dir).experiment(1).state == "ACTIVE"
 
 
 def test_a_non_loopback_server_wants_the_token_everywhere(run_dir: Path) -> None:
@@ -208,6 +217,14 @@ def test_a_non_loopback_host_without_a_token_is_refused(run_dir: Path, capsys: p
     assert main(["ui", "--run-dir", str(run_dir), "--host", "0.0.0.0", "--port", "0"]) == 2
     assert "--token" in capsys.readouterr().err
     assert not (run_dir / TOKEN_FILE).exists()
+
+
+def test_the_pause_and_activate_commands(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--run-dir", str(run_dir), "experiment", "pause", "1"]) == 2
+    assert "plain script" in capsys.readouterr().err
+    assert main(["--run-dir", str(run_dir), "experiment", "activate", "1"]) == 2
+    assert "not a paused experiment" in capsys.readouterr().err
+    assert main(["--run-dir", str(run_dir), "experiment", "pause", "5"]) == 2
 
 
 def test_the_token_file_is_private(tmp_path: Path) -> None:

@@ -149,6 +149,7 @@ def test_a_running_experiment_live_pause_continue_kill(tmp_path: Path, watched: 
             page.wait_for_function("p => document.querySelector('#curves polyline[data-series=\"1\"]')"
                                    ".getAttribute('points') !== p", arg=points, timeout=10_000)
             assert page.evaluate("window.__noReload") == 1
+            print(f"\nthe batches column moved {moved_after:.2f} s after the first look")
             assert moved_after < 4.0, f"the batches column took {moved_after:.1f} s to move"
 
             # pause from the page: the runner checkpoints and exits as paused (75)
@@ -278,4 +279,30 @@ def test_screenshots_of_the_three_pages(tmp_path: Path, watched: Watched) -> Non
             page.wait_for_timeout(300)
             page.screenshot(path=str(out / name), full_page=True)
             assert (out / name).stat().st_size > 10_000
+        watched.assert_same_origin(base)
+
+
+def test_sorting_the_trials_table_and_an_unknown_id(tmp_path: Path, watched: Watched) -> None:
+    run_dir = tmp_path / "runs"
+    store = make_store(run_dir, trials=5)
+    store.add_metrics(trial_id=4, group="validation", steps_completed=60, metrics={"validation_loss": 0.01})
+    store.close()
+    page = watched.page
+    order = "rows => rows.map(r => Number(r.dataset.id))"
+    with running_ui(run_dir) as (base, _token):
+        page.goto(base + "/experiments/1")
+        page.wait_for_selector('#trials tbody tr[data-id="5"]')
+        assert page.eval_on_selector_all("#trials tbody tr", order) == [1, 2, 3, 4, 5]
+        page.click('#trials th[data-key="best"]')
+        assert page.eval_on_selector_all("#trials tbody tr", order) == [4, 1, 2, 3, 5]
+        page.click('#trials th[data-key="best"]')
+        assert page.eval_on_selector_all("#trials tbody tr", order) == [5, 3, 2, 1, 4]
+        page.click('#trials th[data-key="hp:opt"]')
+        assert [page.text_content(f'#trials tr[data-id="{i}"] td[data-col="hp:opt"]') for i in
+                page.eval_on_selector_all("#trials tbody tr", order)] == ["adam", "adam", "sgd", "sgd", "sgd"]
+        page.wait_for_timeout(2_000)  # a refresh keeps the chosen order
+        assert page.get_attribute('#trials th[data-key="hp:opt"]', "class") == "sortable sorted-asc"
+        page.goto(base + "/trials/42")
+        page.wait_for_selector("#error:has-text('Not found')")
+        assert "trial 42 not found" in str(page.text_content("#error"))
         watched.assert_same_origin(base)

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from determined_trials.core.store._local import LocalStore, NotFoundError
 from determined_trials.experiment._control import activate_experiment, kill_experiment, pause_experiment
@@ -76,6 +77,21 @@ def _host_is_loopback(request: Request) -> bool:
     host = request.headers.get("host", "")
     name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
     return name in _LOOPBACK_NAMES
+
+
+class _LoopbackHostOnly:
+    """On loopback, refuse requests whose Host header names another machine: a web page whose own name was
+    pointed at 127.0.0.1 (DNS rebinding) would otherwise be same-origin with the dashboard."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not _host_is_loopback(Request(scope)):
+            response = _json({"error": "this dashboard answers to 127.0.0.1, localhost or [::1] only"}, 421)
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
@@ -145,7 +161,7 @@ def create_app(settings: UiSettings) -> Starlette:
         if not settings.loopback and not _same(given, settings.token):
             return HTMLResponse("<!doctype html><title>det-trials ui</title><p>Open the address "
                                 "<code>det-trials ui</code> printed: it carries the token.</p>", 401)
-        share = _same(given, settings.token) or (settings.loopback and _host_is_loopback(request))
+        share = settings.loopback or _same(given, settings.token)
         body = shell.replace("{{TOKEN}}", html.escape(settings.token if share else "", quote=True))
         body = body.replace("{{READ_ONLY}}", "1" if settings.read_only else "0")
         return HTMLResponse(body, headers={"Content-Security-Policy": _CSP, "Cache-Control": "no-store",
@@ -174,6 +190,8 @@ def create_app(settings: UiSettings) -> Starlette:
         Mount("/static", app=StaticFiles(directory=STATIC_DIR, follow_symlink=False), name="static"),
     ]
     app = Starlette(routes=routes)
+    if settings.loopback:
+        app.add_middleware(_LoopbackHostOnly)
     app.state.settings = settings
     app.state.store = store
     return app

@@ -33,7 +33,11 @@
     const headers = TOKEN ? { Authorization: "Bearer " + TOKEN } : {};
     const response = await fetch(path, { method: method, headers: headers, cache: "no-store" });
     const body = await response.json().catch(() => ({}));
-    if (!response.ok) throw new Error(body.error || response.status + " " + response.statusText);
+    if (!response.ok) {
+      const err = new Error(body.error || response.status + " " + response.statusText);
+      err.status = response.status;
+      throw err;
+    }
     return body;
   }
   const api = (path) => request("GET", path);
@@ -44,10 +48,28 @@
     live.className = ok ? "" : "stale";
   }
 
+  /* The error of the last refresh, shown above the page (an unknown id stops the refreshing). */
+  function showError(err) {
+    let box = document.getElementById("error");
+    if (!box) {
+      box = el("p", { id: "error", class: "error" });
+      document.getElementById("main").prepend(box);
+    }
+    box.textContent = err ? (err.status === 404 ? "Not found: " : "Cannot update: ") + err.message : "";
+  }
+
   /* Runs fn now and then every POLL_MS after it finishes (never two at once). */
   function poll(fn) {
     const tick = async () => {
-      try { await fn(); setLive(true); } catch (err) { setLive(false); console.error(err); }
+      try {
+        await fn();
+        setLive(true);
+        showError(null);
+      } catch (err) {
+        setLive(false);
+        showError(err);
+        if (err.status === 404) return;
+      }
       setTimeout(tick, POLL_MS);
     };
     tick();
