@@ -233,6 +233,10 @@ def test_a_plain_core_api_script(tmp_path: Path, watched: Watched) -> None:
         page.wait_for_selector("#chart-training polyline")
         page.wait_for_function("document.querySelector('#logs').textContent.includes('No log')")
         watched.assert_same_origin(base)
+    with running_ui(run_dir, "--read-only") as (base, _token):
+        page.goto(base + "/experiments/1")
+        page.wait_for_selector("#no-actions:has-text('read-only')")
+        assert page.query_selector("#kill") is None
 
 
 def test_html_in_names_values_and_logs_is_shown_as_text(tmp_path: Path, watched: Watched) -> None:
@@ -265,7 +269,13 @@ def test_screenshots_of_the_three_pages(tmp_path: Path, watched: Watched) -> Non
     """Writes docs/ui-*.png when DET_UI_SCREENSHOTS=docs (`make ui-screenshots`), else into the test's folder."""
     out = DOCS if os.environ.get("DET_UI_SCREENSHOTS") == "docs" else tmp_path
     run_dir = tmp_path / "runs"
-    make_store(run_dir, trials=8, training_rows=400, validation_rows=40, name="digits grid search").close()
+    store = make_store(run_dir, trials=8, training_rows=400, validation_rows=40, name="digits grid search")
+    store.set_experiment_model_dir(1, str(run_dir / "experiments" / "1" / "model"))  # as the runner's: buttons on
+    make_store(run_dir, trials=3, training_rows=100, validation_rows=10, name="lr sweep")
+    for trial in store.trials(2):
+        store.set_trial_state(trial.id, "COMPLETED")
+    store.set_experiment_state(2, "COMPLETED")
+    store.close()
     log = run_dir / "experiments" / "1" / "trial_2.log"
     log.parent.mkdir(parents=True)
     log.write_text("".join(f"[rank=0] step {s}: loss={1.0 / s:.4f}\n" for s in range(1, 401)))
