@@ -52,7 +52,7 @@ def test_experiments_list_and_one_experiment(run_dir: Path) -> None:
     listed = client.get("/api/v1/experiments").json()["experiments"]
     assert [e["id"] for e in listed] == [1]
     exp = listed[0]
-    assert exp["name"] == "demo" and exp["state"] == "ACTIVE" and exp["kind"] == "script"
+    assert exp["name"] == "demo" and exp["state"] == "ACTIVE" and exp["kind"] == "script" and not exp["running"]
     assert exp["trial_counts"] == {"ACTIVE": 2, "COMPLETED": 1} and exp["num_trials"] == 3
     assert exp["best_metric"] == pytest.approx(0.2) and exp["searcher"]["metric"] == "validation_loss"
     assert exp["progress"] == pytest.approx((1 + 0.5 + 0.5) / 3)

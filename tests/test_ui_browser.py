@@ -126,6 +126,7 @@ def test_a_running_experiment_live_pause_continue_kill(tmp_path: Path, watched: 
             page.goto(base + "/")
             page.wait_for_selector('#experiments tbody tr[data-id="1"] td[data-col="name"]:has-text("ui-live")')
             assert "ACTIVE" in str(page.text_content('#experiments tbody tr[data-id="1"]'))
+            assert LocalStore(run_dir).experiment_owner(1) is not None
 
             page.goto(base + "/experiments/1")
             page.wait_for_selector('#trials tbody tr[data-id="1"]')
@@ -134,6 +135,7 @@ def test_a_running_experiment_live_pause_continue_kill(tmp_path: Path, watched: 
             assert _cell(page, 1, "hp:lr") == "0.5" and _cell(page, 1, "hp:note") == "hello"
             page.wait_for_selector('#curves polyline[data-series="1"]')
             page.wait_for_selector("#hp-scatter svg")
+            assert page.query_selector("#not-running") is None  # the runner's process is alive
 
             # live: batches, progress and the curve move without a reload, within ~2 s each
             page.evaluate("window.__noReload = 1")

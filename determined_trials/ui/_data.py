@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from determined_trials.core.store._local import CheckpointRecord, Experiment, LocalStore, Trial
+from determined_trials.core.store._owner import owner_alive
 from determined_trials.ui._downsample import keep_indices
 
 __all__ = [
@@ -58,6 +59,12 @@ def _searcher(exp: Experiment) -> dict[str, Any]:
             "smaller_is_better": bool(searcher.get("smaller_is_better", True))}
 
 
+def _running(store: LocalStore, exp: Experiment) -> bool:
+    """Whether a live process runs the experiment (an ACTIVE one whose process died is not running)."""
+    owner = store.experiment_owner(exp.id) if exp.state == "ACTIVE" else None
+    return owner is not None and owner_alive(*owner)
+
+
 def _progress(trial_list: list[Trial]) -> float | None:
     """The experiment's progress: the mean of its trials' (a finished trial counts as done)."""
     if not trial_list:
@@ -81,6 +88,7 @@ def _experiment_dict(store: LocalStore, exp: Experiment, trial_list: list[Trial]
     return clean({
         "id": exp.id, "name": exp.name, "description": exp.description, "labels": list(exp.labels),
         "state": exp.state, "reason": exp.reason, "kind": "runner" if exp.model_dir else "script",
+        "running": _running(store, exp),
         "searcher": searcher, "best_metric": best, "progress": _progress(trial_list),
         "trial_counts": counts, "num_trials": sum(counts.values()),
         "start_time": _iso(exp.start_time), "end_time": _iso(exp.end_time),
@@ -130,9 +138,9 @@ def trial(store: LocalStore, trial_id: int) -> dict[str, Any]:
     t = store.trial(trial_id)
     exp = store.experiment(t.experiment_id)
     searcher = _searcher(exp)
-    best = store.best_by_trial(exp.id, searcher["metric"], searcher["smaller_is_better"]).get(t.id) \
+    best = store.best_by_trial(exp.id, searcher["metric"], searcher["smaller_is_better"], trial_id=t.id).get(t.id) \
         if searcher["metric"] else None
-    out = _trial_dict(t, store.trial_steps(exp.id).get(t.id), best)
+    out = _trial_dict(t, store.trial_steps(exp.id, trial_id=t.id).get(t.id), best)
     out.update(experiment_name=exp.name, experiment_state=exp.state, searcher=searcher,
                config=clean(exp.config), metric_groups=store.metric_groups(t.id))
     return out
@@ -159,10 +167,10 @@ def trial_metrics(store: LocalStore, trial_id: int, group: str, max_points: int)
 def experiment_metric(store: LocalStore, experiment_id: int, group: str, metric: str,
                       max_points: int) -> dict[str, Any]:
     """One metric of one group for every trial of the experiment (learning curves), each thinned to
-    ``max_points``; a trial with more than twice that many reports is read as an even sample of them first
+    ``max_points``; a trial with more reports than that is read as an even sample of them first
     (``LocalStore.metric_points``), so this overview stays quick for long runs (a trial's own charts read all)."""
     store.experiment(experiment_id)
-    points = store.metric_points(experiment_id, group, metric, max_rows_per_trial=2 * max_points)
+    points = store.metric_points(experiment_id, group, metric, max_rows_per_trial=max_points)
     raw: dict[int, tuple[list[int], list[float]]] = {}
     for tid, rows in itertools.groupby(points, key=operator.itemgetter(0)):
         kept = [(steps, value) for _, steps, value in rows if math.isfinite(value)]

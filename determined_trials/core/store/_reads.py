@@ -168,11 +168,13 @@ class StoreReads:
             out.setdefault(r["experiment_id"], {})[r["state"]] = r["n"]
         return out
 
-    def trial_steps(self, experiment_id: int) -> dict[int, int]:
-        """{trial id: the largest ``steps_completed`` it reported} for the experiment's trials with reports."""
+    def trial_steps(self, experiment_id: int, *, trial_id: int | None = None) -> dict[int, int]:
+        """{trial id: the largest ``steps_completed`` it reported} for the experiment's trials (or just
+        ``trial_id``) with reports."""
+        only = "" if trial_id is None else f" AND t.id = {int(trial_id)}"
         rows = self._read(
             "SELECT t.id AS tid, (SELECT MAX(m.steps_completed) FROM metrics AS m WHERE m.trial_id = t.id) AS s "
-            "FROM trials AS t WHERE t.experiment_id = ?", (int(experiment_id),))
+            f"FROM trials AS t WHERE t.experiment_id = ?{only}", (int(experiment_id),))
         return {r["tid"]: int(r["s"]) for r in rows if r["s"] is not None}
 
     def metric_points(
@@ -212,10 +214,15 @@ class StoreReads:
                 points.append((tid, steps, number))
         return points
 
-    def best_by_trial(self, experiment_id: int, metric: str, smaller_is_better: bool) -> dict[int, float]:
-        """{trial id: its best validation value of ``metric``} (trials without a usable value left out)."""
+    def best_by_trial(self, experiment_id: int, metric: str, smaller_is_better: bool, *,
+                      trial_id: int | None = None) -> dict[int, float]:
+        """{trial id: its best validation value of ``metric``} for the experiment's trials (or just ``trial_id``);
+        trials without a usable value are left out."""
         where = "FROM metrics AS m JOIN trials AS t ON t.id = m.trial_id WHERE t.experiment_id = ? AND m.grp = ?"
-        params = (int(experiment_id), "validation")
+        params: tuple[Any, ...] = (int(experiment_id), "validation")
+        if trial_id is not None:
+            where += " AND m.trial_id = ?"
+            params += (int(trial_id),)
         rows = self._read(
             "SELECT tid, MIN(v) AS lo, MAX(v) AS hi FROM (SELECT m.trial_id AS tid, json_extract(m.metrics, ?) AS v "
             f"{where} AND json_valid(m.metrics)) WHERE typeof(v) IN ('integer', 'real') GROUP BY tid",

@@ -287,7 +287,8 @@
         stateBadge(e.state), progressBar(e.progress, "exp-progress"),
         el("span", { id: "best" }, e.searcher.metric ? "best " + e.searcher.metric + ": " + fmtNum(e.best_metric) : ""),
         el("span", { id: "trial-counts" }, e.num_trials + " trials: " + Object.entries(e.trial_counts).map(([s, n]) => s + " " + n).join(", ")),
-        e.reason ? el("span", { class: "muted", id: "reason" }, e.reason) : "");
+        e.reason ? el("span", { class: "muted", id: "reason" }, e.reason) : "",
+        e.state === "ACTIVE" && !e.running ? el("span", { class: "muted", id: "not-running" }, "no process runs it now") : "");
       actions.update(e);
       const names = Array.from(new Set(t.trials.flatMap((tr) => Object.keys(flatten(tr.hparams, "", {}))))).sort();
       if (!table || names.join("\u0000") !== hpNames.join("\u0000")) {
