@@ -127,6 +127,24 @@ def test_downsampling_keeps_first_last_and_extremes(tmp_path: Path) -> None:
     assert keep_indices([1.0, 2.0, 3.0], 10) == [0, 1, 2]
 
 
+def test_keep_indices_on_random_series() -> None:
+    import random
+
+    rng = random.Random(5)
+    for _ in range(300):
+        values = [rng.uniform(-1, 1) for _ in range(rng.randint(0, 3000))]
+        limit = rng.randint(2, 400)
+        kept = keep_indices(values, limit)
+        assert kept == sorted(set(kept)) and len(kept) <= max(limit, 2)
+        if values:
+            assert kept[0] == 0 and kept[-1] == len(values) - 1
+        if len(values) > limit >= 4:
+            shown = [values[i] for i in kept]
+            assert min(shown) == min(values) and max(shown) == max(values)
+        if len(values) <= limit:
+            assert kept == list(range(len(values)))
+
+
 def test_non_finite_metrics_are_left_out(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     exp = store.create_experiment(name="nan", config={"searcher": {"metric": "loss"}})
