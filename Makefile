@@ -4,14 +4,14 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv example example-trainer example-core test test-gpu lint benchmark clean config-reference
+.PHONY: venv example example-trainer example-core test test-gpu lint benchmark clean config-reference browser ui-screenshots
 
 venv: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[pytorch,deepspeed,ray,examples,dev]' 'tensorflow-cpu>=2.16'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[pytorch,deepspeed,ray,examples,ui,dev]' 'tensorflow-cpu>=2.16'
 	touch $(STAMP)
 
 EXAMPLE_RUN_DIR := det-runs/digits_search
@@ -42,8 +42,20 @@ example-core: venv
 benchmark: venv
 	$(BIN)/python benchmarks/run_all.py
 
-test: venv
+# The dashboard's browser tests drive Debian's chromium through Playwright (never Playwright's own browser
+# download): install it with apt-get when it is missing; if that is impossible they are skipped, saying why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+		{ SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		  ($$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium) \
+		  || echo "make browser: could not install chromium; the browser tests will be skipped"; }
+
+test: venv browser
 	$(BIN)/python -m pytest -q
+
+# Screenshots of the dashboard's three pages for docs/ (docs/ui-*.png), taken by the browser tests' Chromium.
+ui-screenshots: venv browser
+	DET_UI_SCREENSHOTS=docs $(BIN)/python -m pytest -q tests/test_ui_browser.py -k screenshots
 
 # The GPU tier: the tests marked gpu (CUDA resume, pinned copies, no syncs, no memory kept), each listed
 # by name; without CUDA every one is reported SKIPPED with its reason.

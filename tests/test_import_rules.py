@@ -129,7 +129,8 @@ ALLOWED: dict[str, set[str]] = {
     "testing": _CORE | {"loop", "errors"},
     "launch": _BELOW_LAUNCH,
     "experiment": _BELOW_LAUNCH | {"launch"},
-    "cli": _BELOW_LAUNCH | {"launch", "experiment", ""},
+    "ui": {"core", "core.store", "config", "experiment", "errors", "_format"},
+    "cli": _BELOW_LAUNCH | {"launch", "experiment", "ui", ""},
     "": _BELOW_LAUNCH | {"launch", "experiment", "cli"},
 }
 # Named exceptions (module, module), each for a public import path that must stay where Determined has it.

@@ -5,22 +5,15 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import signal
 import sys
 from typing import Any
-
-import psutil
 
 from determined_trials._format import flat_hparams, local_time, text
 from determined_trials.cli import _common
 from determined_trials.cli._run import checkpoint_storage_for, group_of
-from determined_trials.core.store._local import LocalStore
-from determined_trials.core.store._owner import owner_alive, release_dead_owners
+from determined_trials.core.store._owner import release_dead_owners
 
 __all__ = ["register"]
-
-_KILL_WAIT_S = 120.0
-_UNFINISHED = ("ACTIVE", "PAUSED")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -28,6 +21,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     experiment = group_of(commands, "experiment")
     kill = _common.add_command(experiment, "kill", _kill, "stop an experiment now: its trials are CANCELED")
     kill.add_argument("experiment_id", metavar="ID", type=int, help="experiment id")
+    pause = _common.add_command(experiment, "pause", _pause,
+                                "pause a running experiment (as Ctrl-C in its terminal); `continue` resumes it")
+    pause.add_argument("experiment_id", metavar="ID", type=int, help="experiment id")
+    activate = _common.add_command(experiment, "activate", _activate,
+                                   "continue a paused experiment in the background (`continue` in its own process)")
+    activate.add_argument("experiment_id", metavar="ID", type=int, help="experiment id")
     delete = _common.add_command(experiment, "delete", _delete,
                                  "delete an experiment that is not running: records, checkpoints, logs")
     delete.add_argument("experiment_id", metavar="ID", type=int, help="experiment id")
@@ -37,55 +36,50 @@ def register(commands: argparse._SubParsersAction) -> None:
     describe.add_argument("trial_id", metavar="TRIAL_ID", type=int, help="trial id")
 
 
-def _live_owner(store: LocalStore, experiment_id: int) -> int | None:
-    release_dead_owners(store)
-    owner = store.experiment_owner(experiment_id)
-    if store.experiment(experiment_id).state == "ACTIVE" and owner is not None and owner_alive(*owner):
-        return owner[0]
-    return None
-
-
 def _kill(args: argparse.Namespace) -> int:
-    from determined_trials.experiment._runner import KILLED_REASON
+    from determined_trials.experiment import ExperimentError
+    from determined_trials.experiment._control import kill_experiment
 
     store = _common.open_store(args)
-    exp = store.experiment(args.experiment_id)
-    if exp.state not in _UNFINISHED:
-        raise _common.CliError(f"experiment {exp.id} is {exp.state} already; nothing to kill")
-    pid = _live_owner(store, exp.id)
-    # Marked first: a runner that sees CANCELED on the signal stops its trials and ends CANCELED, not PAUSED.
-    store.set_experiment_state(exp.id, "CANCELED", KILLED_REASON)
-    if pid is not None:
-        _stop_runner(exp.id, pid)
-    for trial in store.trials(exp.id):
-        if trial.state in _UNFINISHED:
-            store.set_trial_state(trial.id, "CANCELED", "experiment killed")
-    store.set_experiment_state(exp.id, "CANCELED", KILLED_REASON)
-    print(f"experiment {exp.id} killed: its trials are CANCELED (their checkpoints are kept)")
+    try:
+        kill_experiment(store, args.experiment_id)
+    except ExperimentError as exc:
+        raise _common.CliError(str(exc)) from None
+    print(f"experiment {args.experiment_id} killed: its trials are CANCELED (their checkpoints are kept)")
     return 0
 
 
-def _stop_runner(experiment_id: int, pid: int) -> None:
-    """One SIGTERM, then wait until the runner is gone: seeing its experiment CANCELED, it kills its
-    trials at once. Not again: a second signal could reach it after it restored the default handler,
-    killing it before it reports."""
+def _pause(args: argparse.Namespace) -> int:
+    from determined_trials.experiment import ExperimentError
+    from determined_trials.experiment._control import pause_experiment
+
     try:
-        runner = psutil.Process(pid)
-        runner.send_signal(signal.SIGTERM)
-        runner.wait(timeout=_KILL_WAIT_S)
-        return
-    except psutil.NoSuchProcess:
-        return
-    except psutil.TimeoutExpired:
-        pass
-    raise _common.CliError(f"experiment {experiment_id}'s process {pid} did not stop within {_KILL_WAIT_S:.0f} s; "
-                           f"end it with `kill -9 {pid}`")
+        pause_experiment(_common.open_store(args), args.experiment_id)
+    except ExperimentError as exc:
+        raise _common.CliError(str(exc)) from None
+    print(f"experiment {args.experiment_id} is pausing: its trials checkpoint and stop")
+    return 0
+
+
+def _activate(args: argparse.Namespace) -> int:
+    from determined_trials.experiment import ExperimentError
+    from determined_trials.experiment._control import CONTINUE_LOG, activate_experiment
+
+    try:
+        pid = activate_experiment(_common.open_store(args), args.experiment_id)
+    except ExperimentError as exc:
+        raise _common.CliError(str(exc)) from None
+    print(f"experiment {args.experiment_id} continues in the background (pid {pid}; output in {CONTINUE_LOG} "
+          "next to its model folder)")
+    return 0
 
 
 def _delete(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
     exp = store.experiment(args.experiment_id)
-    if _live_owner(store, exp.id) is not None:
+    from determined_trials.experiment._control import live_owner
+
+    if live_owner(store, exp.id) is not None:
         raise _common.CliError(f"experiment {exp.id} is running; stop it first (`det-trials experiment kill "
                                f"{exp.id}`, or Ctrl-C in its terminal)")
     checkpoints = store.checkpoints(experiment_id=exp.id)

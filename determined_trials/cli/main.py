@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from determined_trials import __version__
-from determined_trials.cli import _checkpoint, _common, _experiment, _manage, _run, _tensorboard, _trial
+from determined_trials.cli import _checkpoint, _common, _experiment, _manage, _run, _tensorboard, _trial, _ui
 from determined_trials.core.store._local import NotFoundError
 
 __all__ = ["build_parser", "main"]
 
-_GROUPS = (_experiment, _trial, _checkpoint, _run, _manage, _tensorboard)  # _run, _manage extend the first three
+_GROUPS = (_experiment, _trial, _checkpoint, _run, _manage, _tensorboard, _ui)  # _run, _manage extend the first three
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -168,3 +168,95 @@ class StoreReads:
         """The trial's most recently reported checkpoint that is not deleted, or ``None``."""
         found = self.checkpoints(trial_id=trial_id)
         return found[-1] if found else None
+
+    # -- summaries (one query each, for dashboards over many trials) ---------------------------------
+    def trial_counts(self) -> dict[int, dict[str, int]]:
+        """{experiment id: {trial state: number of trials}} over the whole store."""
+        out: dict[int, dict[str, int]] = {}
+        for r in self._read("SELECT experiment_id, state, COUNT(*) AS n FROM trials GROUP BY experiment_id, state"):
+            out.setdefault(r["experiment_id"], {})[r["state"]] = r["n"]
+        return out
+
+    def trial_steps(self, experiment_id: int, *, trial_id: int | None = None) -> dict[int, int]:
+        """{trial id: the largest ``steps_completed`` it reported} for the experiment's trials (or just
+        ``trial_id``) with reports."""
+        only = "" if trial_id is None else f" AND t.id = {int(trial_id)}"
+        rows = self._read(
+            "SELECT t.id AS tid, (SELECT MAX(m.steps_completed) FROM metrics AS m WHERE m.trial_id = t.id) AS s "
+            f"FROM trials AS t WHERE t.experiment_id = ?{only}", (int(experiment_id),))
+        return {r["tid"]: int(r["s"]) for r in rows if r["s"] is not None}
+
+    def metric_points(
+        self, experiment_id: int, group: str, metric: str, *, max_rows_per_trial: int | None = None
+    ) -> list[tuple[int, int, float]]:
+        """(trial id, steps, value) of one metric in one group for each of the experiment's trials, ordered by
+        trial, steps and report; missing, non-numeric and NaN values are left out.
+
+        With ``max_rows_per_trial``, the reports are sampled evenly (by row id, with each trial's first and last
+        report) so that no trial reads many more rows than that: an overview of very long series in one quick
+        query, without parsing every report.
+        """
+        inside = "m.grp = ? AND m.trial_id IN (SELECT id FROM trials WHERE experiment_id = ?)"
+        base: list[Any] = [group, int(experiment_id)]
+        stats = self._read(f"SELECT m.trial_id AS tid, COUNT(*) AS n, MIN(m.id) AS lo, MAX(m.id) AS hi "
+                           f"FROM metrics AS m WHERE {inside} GROUP BY m.trial_id", base)
+        if not stats:
+            return []
+        most = max(r["n"] for r in stats)
+        stride = 1 if not max_rows_per_trial else max(1, -(-most // int(max_rows_per_trial)))
+        sample, params = "", list(base)
+        if stride > 1:
+            ends = sorted({r["lo"] for r in stats} | {r["hi"] for r in stats})
+            sample = f" AND (m.id % ? = 0 OR m.id IN ({', '.join('?' * len(ends))}))"
+            params += [stride, *ends]
+        # SQLite's JSON functions reject NaN and Infinity (which the store keeps): such rows come back raw
+        rows = self._read(
+            "SELECT tid, s, v, raw FROM (SELECT m.trial_id AS tid, m.steps_completed AS s, m.id AS id, "
+            "CASE WHEN json_valid(m.metrics) THEN json_extract(m.metrics, ?) END AS v, "
+            "CASE WHEN json_valid(m.metrics) THEN NULL ELSE m.metrics END AS raw "
+            f"FROM metrics AS m WHERE {inside}{sample}) WHERE raw IS NOT NULL OR typeof(v) IN ('integer', 'real') "
+            "ORDER BY tid, s, id", [_json_path(metric), *params])
+        points = []
+        for tid, steps, value, raw in rows:
+            number = _rec.numeric(_rec.loads(raw).get(metric)) if raw is not None else float(value)
+            if number is not None:
+                points.append((tid, steps, number))
+        return points
+
+    def best_by_trial(self, experiment_id: int, metric: str, smaller_is_better: bool, *,
+                      trial_id: int | None = None) -> dict[int, float]:
+        """{trial id: its best validation value of ``metric``} for the experiment's trials (or just ``trial_id``);
+        trials without a usable value are left out."""
+        where = "FROM metrics AS m JOIN trials AS t ON t.id = m.trial_id WHERE t.experiment_id = ? AND m.grp = ?"
+        params: tuple[Any, ...] = (int(experiment_id), "validation")
+        if trial_id is not None:
+            where += " AND m.trial_id = ?"
+            params += (int(trial_id),)
+        rows = self._read(
+            "SELECT tid, MIN(v) AS lo, MAX(v) AS hi FROM (SELECT m.trial_id AS tid, json_extract(m.metrics, ?) AS v "
+            f"{where} AND json_valid(m.metrics)) WHERE typeof(v) IN ('integer', 'real') GROUP BY tid",
+            (_json_path(metric), *params))
+        best = {r["tid"]: float(r["lo"] if smaller_is_better else r["hi"]) for r in rows}
+        pick = min if smaller_is_better else max
+        for r in self._read(f"SELECT m.trial_id AS tid, m.metrics {where} AND NOT json_valid(m.metrics)", params):
+            value = _rec.numeric(_rec.loads(r["metrics"]).get(metric))
+            if value is not None:
+                best[r["tid"]] = pick(value, best.get(r["tid"], value))
+        return best
+
+    def metric_names(self, experiment_id: int, group: str) -> list[str]:
+        """The metric names in each trial's latest report of ``group`` (sorted)."""
+        rows = self._read(
+            "SELECT (SELECT m.metrics FROM metrics AS m WHERE m.trial_id = t.id AND m.grp = ? "
+            "ORDER BY m.steps_completed DESC, m.id DESC LIMIT 1) AS metrics FROM trials AS t WHERE t.experiment_id = ?",
+            (group, int(experiment_id)))
+        names: set[str] = set()
+        for r in rows:
+            if r["metrics"] is not None:
+                names.update(_rec.loads(r["metrics"]))
+        return sorted(names)
+
+
+def _json_path(key: str) -> str:
+    """The SQLite JSON path of a top-level key (quoted, so dots and spaces stay part of the name)."""
+    return '$."' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'

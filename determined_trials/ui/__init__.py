@@ -1,0 +1,15 @@
+"""The local web dashboard, ``det-trials ui``: a Starlette app over a run folder's store (experiments, trials,
+charts, checkpoints, logs; pause, continue and kill) and the JSON API its page uses (docs/ui.md).
+
+Owns the app and its routes (``_app``), the JSON the API answers (``_data``), downsampling series
+(``_downsample``), the token and serving with uvicorn (``_server``) and the page's files (``static/``).
+
+May import: ``core`` and ``core.store`` (reads), ``experiment`` (the three actions), ``config``, ``errors``,
+``_format``. Only ``cli`` imports it, and only when ``det-trials ui`` runs (starlette and uvicorn are the
+``ui`` extra).
+"""
+
+from determined_trials.ui._app import UiSettings, create_app
+from determined_trials.ui._server import TOKEN_FILE, is_loopback, load_or_create_token, serve
+
+__all__ = ["TOKEN_FILE", "UiSettings", "create_app", "is_loopback", "load_or_create_token", "serve"]

@@ -1,0 +1,216 @@
+"""What the dashboard's JSON API answers: plain dicts built from the store's reads (no writes)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import itertools
+import math
+import operator
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from determined_trials.core.store._local import CheckpointRecord, Experiment, LocalStore, Trial
+from determined_trials.core.store._owner import owner_alive
+from determined_trials.ui._downsample import keep_indices
+
+__all__ = [
+    "MAX_LOG_LINES",
+    "checkpoints",
+    "clean",
+    "experiment",
+    "experiment_metric",
+    "experiments",
+    "log_tail",
+    "trial",
+    "trial_metrics",
+    "trials",
+]
+
+MAX_LOG_LINES = 5000
+_LOG_BLOCK = 64 * 1024
+_LOG_MAX_BYTES = 8 * 1024 * 1024
+
+
+def clean(value: Any) -> Any:
+    """``value`` as strict JSON: NaN and infinities become ``None``, tuples lists, other objects strings."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if isinstance(value, _dt.datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def _iso(value: _dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _searcher(exp: Experiment) -> dict[str, Any]:
+    raw = exp.config.get("searcher")
+    searcher: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    return {"name": searcher.get("name"), "metric": searcher.get("metric"),
+            "smaller_is_better": bool(searcher.get("smaller_is_better", True))}
+
+
+def _running(store: LocalStore, exp: Experiment) -> bool:
+    """Whether a live process runs the experiment (an ACTIVE one whose process died is not running)."""
+    owner = store.experiment_owner(exp.id) if exp.state == "ACTIVE" else None
+    return owner is not None and owner_alive(*owner)
+
+
+def _progress(trial_list: list[Trial]) -> float | None:
+    """The experiment's progress: the mean of its trials' (a finished trial counts as done)."""
+    if not trial_list:
+        return None
+    done = [1.0 if t.state == "COMPLETED" else min(max(t.progress or 0.0, 0.0), 1.0) for t in trial_list]
+    return sum(done) / len(done)
+
+
+def _best_of(values: dict[int, float], smaller: bool) -> float | None:
+    if not values:
+        return None
+    return min(values.values()) if smaller else max(values.values())
+
+
+def _experiment_dict(store: LocalStore, exp: Experiment, trial_list: list[Trial],
+                     counts: dict[str, int]) -> dict[str, Any]:
+    searcher = _searcher(exp)
+    metric = searcher["metric"]
+    best = _best_of(store.best_by_trial(exp.id, metric, searcher["smaller_is_better"]), searcher["smaller_is_better"]) \
+        if metric else None
+    return clean({
+        "id": exp.id, "name": exp.name, "description": exp.description, "labels": list(exp.labels),
+        "state": exp.state, "reason": exp.reason, "kind": "runner" if exp.model_dir else "script",
+        "running": _running(store, exp),
+        "searcher": searcher, "best_metric": best, "progress": _progress(trial_list),
+        "trial_counts": counts, "num_trials": sum(counts.values()),
+        "start_time": _iso(exp.start_time), "end_time": _iso(exp.end_time),
+    })
+
+
+def experiments(store: LocalStore) -> list[dict[str, Any]]:
+    """Every experiment with its state, progress, best searcher metric and trial counts by state."""
+    by_exp: dict[int, list[Trial]] = defaultdict(list)
+    for t in store.trials():
+        by_exp[t.experiment_id].append(t)
+    counts = store.trial_counts()
+    return [_experiment_dict(store, e, by_exp[e.id], counts.get(e.id, {})) for e in store.experiments()]
+
+
+def experiment(store: LocalStore, experiment_id: int) -> dict[str, Any]:
+    """One experiment, as in :func:`experiments`, plus its config and metric names per group."""
+    exp = store.experiment(experiment_id)
+    out = _experiment_dict(store, exp, store.trials(exp.id), store.trial_counts().get(exp.id, {}))
+    out["config"] = clean(exp.config)
+    out["metric_names"] = {g: store.metric_names(exp.id, g) for g in ("training", "validation")}
+    return out
+
+
+def _trial_dict(t: Trial, steps: int | None, best: float | None) -> dict[str, Any]:
+    return clean({
+        "id": t.id, "experiment_id": t.experiment_id, "state": t.state, "reason": t.reason, "status": t.status,
+        "hparams": t.hparams, "seed": t.seed, "restarts": t.restarts, "progress": t.progress,
+        "early_exit_reason": t.early_exit_reason, "batches": steps, "best_metric": best,
+        "start_time": _iso(t.start_time), "end_time": _iso(t.end_time),
+    })
+
+
+def trials(store: LocalStore, experiment_id: int) -> dict[str, Any]:
+    """The experiment's trials: hyperparameters, state, batches trained, best searcher metric, restarts."""
+    exp = store.experiment(experiment_id)
+    searcher = _searcher(exp)
+    best = store.best_by_trial(exp.id, searcher["metric"], searcher["smaller_is_better"]) \
+        if searcher["metric"] else {}
+    steps = store.trial_steps(exp.id)
+    return {"experiment_id": exp.id, "searcher": searcher,
+            "trials": [_trial_dict(t, steps.get(t.id), best.get(t.id)) for t in store.trials(exp.id)]}
+
+
+def trial(store: LocalStore, trial_id: int) -> dict[str, Any]:
+    """One trial with its experiment's name, searcher and config, and the metric groups it reported."""
+    t = store.trial(trial_id)
+    exp = store.experiment(t.experiment_id)
+    searcher = _searcher(exp)
+    best = store.best_by_trial(exp.id, searcher["metric"], searcher["smaller_is_better"], trial_id=t.id).get(t.id) \
+        if searcher["metric"] else None
+    out = _trial_dict(t, store.trial_steps(exp.id, trial_id=t.id).get(t.id), best)
+    out.update(experiment_name=exp.name, experiment_state=exp.state, searcher=searcher,
+               config=clean(exp.config), metric_groups=store.metric_groups(t.id))
+    return out
+
+
+def _series(steps: list[int], values: list[float], max_points: int) -> dict[str, list[Any]]:
+    keep = keep_indices(values, max_points)
+    return {"steps": [steps[i] for i in keep], "values": [values[i] for i in keep]}
+
+
+def trial_metrics(store: LocalStore, trial_id: int, group: str, max_points: int) -> dict[str, Any]:
+    """Every numeric metric of one group of the trial as a series, each thinned to ``max_points``."""
+    raw: dict[str, tuple[list[int], list[float]]] = {}
+    for record in store.metrics(trial_id, group):
+        for name, value in record.metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                steps, values = raw.setdefault(str(name), ([], []))
+                steps.append(record.steps_completed)
+                values.append(float(value))
+    return {"trial_id": trial_id, "group": group, "max_points": max_points,
+            "series": {name: _series(s, v, max_points) for name, (s, v) in sorted(raw.items())}}
+
+
+def experiment_metric(store: LocalStore, experiment_id: int, group: str, metric: str,
+                      max_points: int) -> dict[str, Any]:
+    """One metric of one group for every trial of the experiment (learning curves), each thinned to
+    ``max_points``; a trial with more reports than that is read as an even sample of them first
+    (``LocalStore.metric_points``), so this overview stays quick for long runs (a trial's own charts read all)."""
+    store.experiment(experiment_id)
+    points = store.metric_points(experiment_id, group, metric, max_rows_per_trial=max_points)
+    raw: dict[int, tuple[list[int], list[float]]] = {}
+    for tid, rows in itertools.groupby(points, key=operator.itemgetter(0)):
+        kept = [(steps, value) for _, steps, value in rows if math.isfinite(value)]
+        if kept:
+            raw[tid] = ([p[0] for p in kept], [p[1] for p in kept])
+    return {"experiment_id": experiment_id, "group": group, "metric": metric, "max_points": max_points,
+            "trials": {str(tid): _series(s, v, max_points) for tid, (s, v) in raw.items()}}
+
+
+def _checkpoint_dict(c: CheckpointRecord) -> dict[str, Any]:
+    return clean({"uuid": c.uuid, "trial_id": c.trial_id, "steps_completed": c.steps_completed, "state": c.state,
+                  "size": c.size, "files": len(c.resources), "report_time": _iso(c.report_time),
+                  "delete_time": _iso(c.delete_time), "metadata": c.metadata})
+
+
+def checkpoints(store: LocalStore, trial_id: int) -> list[dict[str, Any]]:
+    """The trial's checkpoints, deleted ones too (their state says so), in report order."""
+    return [_checkpoint_dict(c) for c in store.checkpoints(trial_id=trial_id, include_deleted=True)]
+
+
+def log_path(run_dir: Path, experiment_id: int, trial_id: int) -> Path:
+    """Where the experiment runner keeps a trial's output (as ``det-trials trial logs`` reads it)."""
+    return run_dir / "experiments" / str(experiment_id) / f"trial_{trial_id}.log"
+
+
+def log_tail(store: LocalStore, trial_id: int, tail: int) -> dict[str, Any]:
+    """The last ``tail`` lines of the trial's log (``available`` is false for a plain script's trial)."""
+    t = store.trial(trial_id)
+    path = log_path(store.path, t.experiment_id, t.id)
+    tail = max(0, min(int(tail), MAX_LOG_LINES))
+    if not path.is_file():
+        return {"trial_id": t.id, "available": False, "lines": []}
+    with open(path, "rb") as log:
+        end = log.seek(0, os.SEEK_END)
+        start, data = end, b""
+        while start > 0 and data.count(b"\n") <= tail and end - start < _LOG_MAX_BYTES:
+            start = max(0, start - _LOG_BLOCK)
+            log.seek(start)
+            data = log.read(end - start)
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if start > 0 and lines:
+        lines = lines[1:]  # the first line may be cut
+    return {"trial_id": t.id, "available": True, "lines": lines[-tail:] if tail else []}
