@@ -138,6 +138,23 @@ class CheckpointContext:
         plan = _attempt(lambda: {"files": _checkpoint_files(path, None), "metadata": _jsonable(metadata)})
         self._save_sharded(storage_id, path, plan)
 
+    def stage_shard(self, metadata: dict[str, Any] | None = None) -> StagedCheckpoint:
+        """Every rank: ``store_path(shard=True)`` in two steps, so that the ranks' files may be written in
+        the background. ``publish()`` and ``abort()`` are collectives: every rank calls one of them on
+        the thread that runs its collectives; if any rank aborts, nothing is stored and every rank raises."""
+        storage_id = self._broadcast_id(metadata)
+        rank = self._dist.get_rank()
+        path = self._storage.stage_dir(storage_id, rank)
+
+        def publish() -> None:
+            plan = _attempt(lambda: {"files": _checkpoint_files(path, None), "metadata": _jsonable(metadata)})
+            self._save_sharded(storage_id, path, plan)
+
+        def abort() -> None:
+            self._save_sharded(storage_id, path, (RuntimeError(f"rank {rank} could not write its shard"), None))
+
+        return StagedCheckpoint(path, storage_id, publish, abort)
+
     def stage(self, metadata: dict[str, Any] | None) -> StagedCheckpoint:
         """Chief only: ``store_path`` in two steps. Write the checkpoint's files into the returned
         ``path``, then ``publish()`` it (possibly on another thread) or ``abort()``."""
