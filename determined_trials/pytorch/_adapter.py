@@ -24,6 +24,7 @@ from determined_trials.pytorch._checkpoint_io import (
     write_trial_state,
 )
 from determined_trials.pytorch._context import PyTorchTrialContext
+from determined_trials.pytorch._fsdp import check_model_mix, is_dcp_checkpoint, is_fsdp
 from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
 from determined_trials.pytorch._trial import PyTorchTrial, evaluate_takes_batch_idx
 from determined_trials.pytorch.data._loader import DataLoader
@@ -58,11 +59,19 @@ class PyTorchAdapter(BatchLoop):
         self._batch_metrics: list[dict[str, Any]] = []
         self._last_snapshot: Any = None
         self._check_wrapped()
+        self._sharded = any(is_fsdp(m) for m in context.models)
+        self.sharded_save = self._sharded  # FSDP2: every rank saves its shard of one DCP checkpoint
+        self._checkpoint_group: Any = None
 
     # -- the adapter interface -----------------------------------------------------------------
 
     def load(self, path: Path) -> None:
-        load_trial_state(path, self._context, self._hooks)
+        if self._sharded or is_dcp_checkpoint(path):
+            from determined_trials.pytorch import _dcp  # torch.distributed.checkpoint: only when used
+
+            _dcp.load_sharded_state(path, self._context, self._hooks)
+        else:
+            load_trial_state(path, self._context, self._hooks)
 
     def start_training(self, state: TrialState) -> DataShape:
         loader = self._trial.build_training_data_loader()
@@ -127,7 +136,22 @@ class PyTorchAdapter(BatchLoop):
             self._context.reducers.reset(True)  # updates made while validating are not training's
 
     def save(self, path: Path) -> None:
-        save_trial_state(path, self._trial, self._context, self._hooks)
+        if self.sharded_save:
+            from determined_trials.pytorch import _dcp
+
+            _dcp.save_sharded_state(path, self._trial, self._context, self._hooks)
+        else:
+            save_trial_state(path, self._trial, self._context, self._hooks)
+
+    def start_sharded_save(self, path: Path) -> Any:
+        """On every rank (FSDP2): start writing this rank's shard into ``path`` in the background
+        (``dcp.async_save``); returns a future the loop waits for before it publishes the checkpoint."""
+        if self._checkpoint_group is None and self._dist.get_size() > 1:
+            # A group of its own: the writer thread's collectives never interleave with training's.
+            self._checkpoint_group = torch.distributed.new_group(backend="gloo")
+        from determined_trials.pytorch import _dcp
+
+        return _dcp.start_sharded_save(path, self._trial, self._context, self._hooks, self._checkpoint_group)
 
     @property
     def async_save(self) -> bool:
@@ -236,6 +260,7 @@ class PyTorchAdapter(BatchLoop):
                 f"{type(self._trial).__name__}.__init__ wrapped no optimizer: call "
                 "self.optimizer = context.wrap_optimizer(optimizer) so the harness can checkpoint it"
             )
+        check_model_mix(self._context.models, self._dist.get_size())
 
     def _require_opt_out(self, loader: Any, method: str) -> None:
         if not self._context.experimental._dataset_checks:
