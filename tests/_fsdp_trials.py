@@ -83,7 +83,8 @@ class FSDPTrial(pytorch.PyTorchTrial):
                                   shuffle=True)
 
     def build_validation_data_loader(self) -> pytorch.DataLoader:
-        return pytorch.DataLoader(IndexedData(8, 8), batch_size=4)
+        hp = self.context.get_hparams()
+        return pytorch.DataLoader(IndexedData(hp.get("val_records", 8), 8), batch_size=hp.get("val_batch", 4))
 
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
         return {"loaded": _RecordLoaded(self)}

@@ -18,8 +18,23 @@ from _fsdp_trials import FSDPTrial, config, fit_kwargs, full_state
 from determined_trials import pytorch
 from determined_trials.pytorch._fsdp import is_fsdp
 
+_background: list[int] = []  # steps of the checkpoints this rank started writing in the background
+
+
+def _count_background_saves() -> None:
+    from determined_trials.pytorch import _dcp
+
+    start = _dcp.start_sharded_save
+
+    def counted(path: Any, trial: Any, context: Any, hooks: Any, group: Any) -> Any:
+        _background.append(context._batch_idx + 1 if context._batch_idx is not None else -1)
+        return start(path, trial, context, hooks, group)
+
+    _dcp.start_sharded_save = counted  # type: ignore[assignment]
+
 
 def run(scenario: dict[str, Any], rank: int) -> dict[str, Any]:
+    _background.clear()
     length = scenario.get("length", 12)
     conf = config(length=length, **scenario.get("config", {}))
     with pytorch.init(exp_conf=conf, run_dir=scenario["run_dir"]) as context:
@@ -31,6 +46,7 @@ def run(scenario: dict[str, Any], rank: int) -> dict[str, Any]:
             "rank": rank, "size": context.distributed.get_size(), "trial_id": context.get_trial_id(),
             "exit_reason": trainer.exit_reason.value, "fsdp": is_fsdp(trial.model),
             "seen": trial.seen, "state": full_state(trial), "loaded": trial.loaded, "norms": trial.norms,
+            "background": list(_background),
         }
 
 
@@ -56,6 +72,13 @@ def errors() -> dict[str, Any]:
                 found[name] = None
             except Exception as err:  # noqa: BLE001 - the test reads which error and its message
                 found[name] = f"{type(err).__name__}: {err}"
+    found["uneven"] = None  # 8 validation records in batches of 8: rank 0 would evaluate one batch, rank 1 none
+    with pytorch.init(exp_conf=config(val_records=8, val_batch=8), run_dir=os.environ["DET_RUN_DIR"]) as context:
+        try:
+            pytorch.Trainer(FSDPTrial(context), context).fit(max_length=pytorch.Batch(1), validation_period=pytorch.Batch(1),
+                                                             show_progress=False)
+        except ValueError as err:
+            found["uneven"] = str(err)
     return found
 
 
@@ -83,6 +106,7 @@ def _blocks_only() -> Any:
 def main() -> None:
     plan = json.loads(Path(sys.argv[1]).read_text())
     rank = int(os.environ["RANK"])
+    _count_background_saves()
     for scenario in plan["scenarios"]:
         result = errors() if scenario.get("errors") else run(scenario, rank)
         Path(plan["out"], f"{scenario['name']}-rank{rank}.json").write_text(json.dumps(result))

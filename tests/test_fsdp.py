@@ -149,6 +149,7 @@ def test_sharded_training_equals_one_unsharded_process(runs: tuple[Results, dict
     _close(two[0]["state"], one["state"])
     assert _global_seen(two) == _global_seen([one])
     assert all(len(records) == 4 for rank in two for _, records in rank["seen"])
+    assert [r["background"] for r in two] == [[4, 8], [4, 8]]  # the last one (12) is written at once
 
 
 def test_a_checkpoint_holds_one_shard_a_rank_and_no_full_copy(runs: tuple[Results, dict[str, Path]]) -> None:
@@ -222,3 +223,4 @@ def test_wrap_model_refuses_what_cannot_work(runs: tuple[Results, dict[str, Path
         assert rank["ddp_around"].startswith("TypeError: ") and "around an FSDP2" in rank["ddp_around"]
         assert rank["no_root"].startswith("TypeError: ") and "fully_shard(model) on the root" in rank["no_root"]
         assert rank["mix"].startswith("TypeError: ") and "both FSDP2" in rank["mix"]
+        assert "validation loaders hold [1, 0] batches" in rank["uneven"]

@@ -44,6 +44,7 @@ __all__ = [
     "load_dcp_models",
     "load_sharded_state",
     "read_dcp_models",
+    "checkpoint_group",
     "save_sharded_state",
     "start_sharded_save",
 ]
@@ -106,6 +107,33 @@ def save_sharded_state(path: Path, trial: PyTorchTrial, context: PyTorchTrialCon
     hooks.call("on_checkpoint_write_end", str(path))
 
 
+_STAGER: list[Any] = []  # the one stager of this process, once made
+
+
+def _stager() -> Any:
+    """DCP's stager, copying on the calling thread into host buffers it keeps and reuses at the next
+    checkpoint (the loop starts a checkpoint only once the previous write is done, so none is in use)."""
+    if not _STAGER:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        _STAGER.append(DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                                    use_async_staging=False, use_non_blocking_copy=False)))
+    return _STAGER[0]
+
+
+_GROUP: list[Any] = []  # [default process group, the checkpoint writer's gloo group] once made
+
+
+def checkpoint_group() -> Any:
+    """A gloo group of every rank for background checkpoint writes, made once per default process group
+    (``new_group`` is a collective: every rank reaches it at the same checkpoint). Its own group keeps the
+    writer thread's collectives from interleaving with training's."""
+    default = torch.distributed.distributed_c10d._get_default_group()
+    if not _GROUP or _GROUP[0] is not default:  # (a strong reference: no other group takes its address)
+        _GROUP[:] = [default, torch.distributed.new_group(backend="gloo")]
+    return _GROUP[1]
+
+
 def start_sharded_save(path: Path, trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner,
                        process_group: Any) -> concurrent.futures.Future[Any]:
     """On every rank: copy this rank's shard into host memory and write it into ``path`` in the
@@ -113,8 +141,9 @@ def start_sharded_save(path: Path, trial: PyTorchTrial, context: PyTorchTrialCon
     never meet training's); the small per-rank state is written now. Returns the write's future."""
     state = _dcp_state(context)
     _write_small(path, trial, context, hooks)
-    future = dcp.async_save(state, checkpoint_id=path / DCP_DIR, process_group=process_group)
-    return future  # type: ignore[return-value]  # a Future with the default stager
+    future = dcp.async_save(state, checkpoint_id=path / DCP_DIR, process_group=process_group,
+                            async_stager=_stager())
+    return future  # type: ignore[return-value]  # a Future: the stager copies synchronously
 
 
 def load_sharded_state(path: Path, context: PyTorchTrialContext, hooks: HookRunner) -> None:
