@@ -18,6 +18,7 @@ from _fsdp_trials import FSDPTrial, config, fit_kwargs, full_state
 from determined_trials import pytorch
 from determined_trials.pytorch._fsdp import is_fsdp
 
+_fail_rank_state: list[int] = []  # [step]: at that checkpoint this rank cannot write its rank_state file
 _background: list[int] = []  # steps of the checkpoints this rank started writing in the background
 
 
@@ -26,9 +27,11 @@ def _count_background_saves() -> None:
 
     start = _dcp.start_sharded_save
 
-    def counted(path: Any, trial: Any, context: Any, hooks: Any, group: Any) -> Any:
+    def counted(path: Any, trial: Any, context: Any, hooks: Any, group: Any, agree: Any) -> Any:
         _background.append(context._batch_idx + 1 if context._batch_idx is not None else -1)
-        return start(path, trial, context, hooks, group)
+        if _fail_rank_state and context._batch_idx + 1 == _fail_rank_state[0]:
+            (path / "rank_state").write_text("a file where the folder goes")  # this rank cannot prepare
+        return start(path, trial, context, hooks, group, agree)
 
     _dcp.start_sharded_save = counted  # type: ignore[assignment]
 
@@ -48,6 +51,20 @@ def run(scenario: dict[str, Any], rank: int) -> dict[str, Any]:
             "seen": trial.seen, "state": full_state(trial), "loaded": trial.loaded, "norms": trial.norms,
             "background": list(_background),
         }
+
+
+def prepare_fails(scenario: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Rank 1 cannot prepare its shard of the checkpoint at batch 4: every rank raises, nothing is stored."""
+    _fail_rank_state[:] = [4] if rank == 1 else []
+    try:
+        with pytorch.init(exp_conf=config(), run_dir=scenario["run_dir"]) as context:
+            try:
+                pytorch.Trainer(FSDPTrial(context), context).fit(**fit_kwargs())
+            except RuntimeError as err:
+                return {"error": str(err), "trial_id": context.get_trial_id()}
+            return {"error": None, "trial_id": context.get_trial_id()}
+    finally:
+        _fail_rank_state.clear()
 
 
 def errors() -> dict[str, Any]:
@@ -108,7 +125,12 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     _count_background_saves()
     for scenario in plan["scenarios"]:
-        result = errors() if scenario.get("errors") else run(scenario, rank)
+        if scenario.get("errors"):
+            result = errors()
+        elif scenario.get("prepare_fails"):
+            result = prepare_fails(scenario, rank)
+        else:
+            result = run(scenario, rank)
         Path(plan["out"], f"{scenario['name']}-rank{rank}.json").write_text(json.dumps(result))
 
 

@@ -96,7 +96,7 @@ def _last_checkpoint(run_dir: Path, trial_id: int) -> str:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Results, dict[str, Path]]:
     """1-process runs here, one 2-rank launch, then the 1-process resume of a 2-rank checkpoint."""
     tmp = tmp_path_factory.mktemp("fsdp")
-    names = ("one", "one_double", "one_clip", "one_to_two", "two", "stop", "agg", "stop_agg", "clip", "two_to_one")
+    names = ("one", "one_double", "one_clip", "one_to_two", "two", "stop", "agg", "stop_agg", "clip", "two_to_one", "fails")
     dirs = {name: tmp / name for name in names}
     results: Results = {}
     with pytest.MonkeyPatch.context() as mp:
@@ -120,6 +120,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Results, dict[str, P
             {"name": "resume_from_one", "run_dir": str(dirs["one_to_two"]), "latest_checkpoint": one_ckpt},
             {"name": "stop_for_one", "run_dir": str(dirs["two_to_one"]), "stop_after": STOP},
             {"name": "errors", "errors": True},
+            {"name": "prepare_fails", "run_dir": str(dirs["fails"]), "prepare_fails": True},
         ]))
         two_ckpt = _last_checkpoint(dirs["two_to_one"], results["stop_for_one"][0]["trial_id"])
         results["resume_one"] = [run({"run_dir": str(dirs["two_to_one"]), "latest_checkpoint": two_ckpt}, 0)]
@@ -224,3 +225,14 @@ def test_wrap_model_refuses_what_cannot_work(runs: tuple[Results, dict[str, Path
         assert rank["no_root"].startswith("TypeError: ") and "fully_shard(model) on the root" in rank["no_root"]
         assert rank["mix"].startswith("TypeError: ") and "both FSDP2" in rank["mix"]
         assert "validation loaders hold [1, 0] batches" in rank["uneven"]
+
+
+def test_a_rank_that_cannot_prepare_its_shard_fails_every_rank_and_stores_nothing(
+    runs: tuple[Results, dict[str, Path]],
+) -> None:
+    results, dirs = runs
+    for rank in results["prepare_fails"]:
+        assert rank["error"] is not None and "was not saved" in rank["error"], rank["error"]
+    checkpoints = core.LocalStore(dirs["fails"]).checkpoints(trial_id=results["prepare_fails"][0]["trial_id"])
+    assert checkpoints == []
+    assert [p.name for p in (dirs["fails"] / "checkpoints").iterdir() if not p.name.startswith(".")] == []

@@ -151,7 +151,8 @@ class CheckpointContext:
             self._save_sharded(storage_id, path, plan)
 
         def abort() -> None:
-            self._save_sharded(storage_id, path, (RuntimeError(f"rank {rank} could not write its shard"), None))
+            reason = RuntimeError(f"checkpoint {storage_id} was not saved: rank {rank} gave up on its shard")
+            self._save_sharded(storage_id, path, (reason, None))
 
         return StagedCheckpoint(path, storage_id, publish, abort)
 

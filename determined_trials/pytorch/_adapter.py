@@ -153,7 +153,8 @@ class PyTorchAdapter(BatchLoop):
         from determined_trials.pytorch import _dcp
 
         group = _dcp.checkpoint_group() if self._dist.get_size() > 1 else None
-        return _dcp.start_sharded_save(path, self._trial, self._context, self._hooks, group)
+        return _dcp.start_sharded_save(path, self._trial, self._context, self._hooks, group,
+                                       lambda ok: all(self._allgather(ok)))
 
     @property
     def async_save(self) -> bool:

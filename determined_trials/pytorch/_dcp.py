@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,12 +136,25 @@ def checkpoint_group() -> Any:
 
 
 def start_sharded_save(path: Path, trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner,
-                       process_group: Any) -> concurrent.futures.Future[Any]:
+                       process_group: Any, agree: Callable[[bool], bool]) -> concurrent.futures.Future[Any]:
     """On every rank: copy this rank's shard into host memory and write it into ``path`` in the
     background (``dcp.async_save`` over ``process_group``, a group of its own so that its collectives
-    never meet training's); the small per-rank state is written now. Returns the write's future."""
-    state = _dcp_state(context)
-    _write_small(path, trial, context, hooks)
+    never meet training's); the small per-rank state is written now. Returns the write's future.
+
+    ``agree(ok)`` (a collective: whether every rank's ``ok``) runs after the preparation on every rank:
+    if any rank failed to prepare, no rank starts the write (whose collectives would wait for the failed
+    one), and every rank raises."""
+    error: Exception | None = None
+    state: dict[str, Any] = {}
+    try:
+        state = _dcp_state(context)
+        _write_small(path, trial, context, hooks)
+    except Exception as exc:  # noqa: BLE001 - raised below, after the ranks agreed
+        error = exc
+    if not agree(error is None):
+        if error is not None:
+            raise error
+        raise RuntimeError("another rank could not prepare its checkpoint shard; no rank wrote this checkpoint")
     future = dcp.async_save(state, checkpoint_id=path / DCP_DIR, process_group=process_group,
                             async_stager=_stager())
     return future  # type: ignore[return-value]  # a Future: the stager copies synchronously
