@@ -94,12 +94,12 @@ class Checkpointer:
         """Collect a finished write without waiting (every rank calls; one broadcast with several)."""
         if not self._in_flight:
             return
-        if self._shard is not None:  # every rank's own write: done when all are
+        if self._shard is not None:  # every rank's own write: done when all are; then the chief commits
             done = self._shard[1].done()
             if self._dist.get_size() > 1:
                 done = all(self._dist.allgather(done))
             if done:
-                self.wait()
+                self._finish_sharded()
             return
         done = self._future is not None and self._future.done()
         if self._dist.get_size() > 1:
@@ -112,8 +112,7 @@ class Checkpointer:
         if not self._in_flight:
             return
         if self._shard is not None:
-            self._finish_sharded()
-            return
+            self._finish_sharded()  # then wait for the chief's commit below
         outcome: tuple[BaseException | None, str | None] = (None, None)
         if self._future is not None:
             try:
@@ -173,7 +172,8 @@ class Checkpointer:
             self._core.train.set_status("training")
 
     def _finish_sharded(self) -> None:
-        """Every rank: wait for its write, then publish the checkpoint together (or fail together)."""
+        """Every rank: its write is done; check every rank's files together (or fail together) and let
+        the chief's writer thread commit and record the checkpoint, collected like any background write."""
         assert self._shard is not None
         staged, future = self._shard
         self._shard = None
@@ -184,8 +184,10 @@ class Checkpointer:
             logger.error("writing this rank's checkpoint shard failed: %r", exc)
             staged.abort()
             raise
-        staged.publish()
-        self._hooks.call("on_checkpoint_upload_end", staged.storage_id)
+        commit = staged.collect()
+        if commit is not None:
+            self._future = self._writer().submit(commit)
+        self._in_flight = True
 
     def _start_background_save(self, metadata: dict[str, Any], trial_state: str) -> concurrent.futures.Future[str]:
         """A large state: snapshot it and let the writer serialise, publish and record it. A small one:
