@@ -77,6 +77,7 @@ class FSDPTrial(pytorch.PyTorchTrial):
         clip = context.get_hparams().get("clip")
         self.clip = None if clip is None else (lambda params: nn.utils.clip_grad_norm_(params, clip))
         self.norms: list[float] = []
+        self.syncs: list[bool | None] = []  # per batch: FSDP2's reduce_grads flag of the first block (None unsharded)
 
     def build_training_data_loader(self) -> pytorch.DataLoader:
         return pytorch.DataLoader(IndexedData(TRAIN_RECORDS, 7), batch_size=self.context.get_per_slot_batch_size(),
@@ -92,6 +93,7 @@ class FSDPTrial(pytorch.PyTorchTrial):
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
         index, x, y = batch
         self.seen.append((batch_idx, index.tolist()))
+        self.syncs.append(_gradient_sync(self.model))
         loss = nn.functional.mse_loss(self.model(x), y)
         self.context.backward(loss)
         self.context.step_optimizer(self.optimizer, clip_grads=self._clip if self.clip else None)
@@ -107,6 +109,16 @@ class FSDPTrial(pytorch.PyTorchTrial):
     def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         _, x, y = batch
         return {"validation_loss": nn.functional.mse_loss(self.model(x), y)}
+
+
+def _gradient_sync(model: nn.Module) -> bool | None:
+    """Whether FSDP2 will reduce-scatter the gradients of this backward (what set_requires_gradient_sync set)."""
+    from determined_trials.pytorch._fsdp import is_fsdp
+
+    if not is_fsdp(model):
+        return None
+    group = model[0]._get_fsdp_state()._fsdp_param_group  # type: ignore[operator]
+    return bool(group.reduce_grads)
 
 
 class _RecordLoaded(pytorch.PyTorchCallback):

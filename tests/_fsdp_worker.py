@@ -49,7 +49,7 @@ def run(scenario: dict[str, Any], rank: int) -> dict[str, Any]:
             "rank": rank, "size": context.distributed.get_size(), "trial_id": context.get_trial_id(),
             "exit_reason": trainer.exit_reason.value, "fsdp": is_fsdp(trial.model),
             "seen": trial.seen, "state": full_state(trial), "loaded": trial.loaded, "norms": trial.norms,
-            "background": list(_background),
+            "background": list(_background), "syncs": trial.syncs,
         }
 
 

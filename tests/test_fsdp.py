@@ -186,6 +186,8 @@ def test_resume_on_two_is_bitwise(runs: tuple[Results, dict[str, Path]]) -> None
 def test_aggregation_of_two_equals_a_double_batch(runs: tuple[Results, dict[str, Path]]) -> None:
     results, _ = runs
     _close(results["agg"][0]["state"], results["one_double"][0]["state"])
+    assert [r["syncs"] for r in results["agg"]] == [[False, True] * 6] * 2  # reduce-scatter only when stepping
+    assert [r["syncs"] for r in results["two"]] == [[True] * 12] * 2
 
 
 def test_clipping_clips(runs: tuple[Results, dict[str, Path]]) -> None:

@@ -42,10 +42,10 @@ if TYPE_CHECKING:
     from determined_trials.pytorch._trial import PyTorchTrial
 
 __all__ = [
+    "checkpoint_group",
     "load_dcp_models",
     "load_sharded_state",
     "read_dcp_models",
-    "checkpoint_group",
     "save_sharded_state",
     "start_sharded_save",
 ]
