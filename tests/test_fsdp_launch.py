@@ -127,7 +127,7 @@ def test_sigterm_resume_equals_the_experiment_and_exports(tmp_path: Path) -> Non
 
     want = _dcp_tensors(exp_checkpoint)  # the experiment's trained model, exported and loaded
     export = tmp_path / "export"
-    assert cli_main(["--run-dir", str(exp_dir), "checkpoint", "export", uuid, str(export), "--consolidate"]) == 0
+    assert cli_main(["--run-dir", str(exp_dir), "checkpoint", "export", "--consolidate", uuid, str(export)]) == 0
     exported = torch.load(export / "model0_consolidated.pt", weights_only=True)
     sys.path.insert(0, str(code))
     try:

@@ -52,11 +52,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     export = _common.add_command(group_of(commands, "checkpoint"), "export", _export,
                                  "copy a checkpoint out of storage into a folder")
     export.add_argument("uuid", metavar="UUID", help="checkpoint uuid")
-    export.add_argument("dest", metavar="DIR", help="destination folder (created; must be empty)")
+    export.add_argument("dest", metavar="DIR", nargs="?", help="destination folder (created; must be empty)")
     export.add_argument("--consolidate", metavar="TAG", nargs="?", const="model0", default=None,
                         help="DeepSpeedTrial checkpoints: also write TAG's (default model0) ZeRO shards merged into "
                              "one plain state_dict, DIR/<TAG>_consolidated.pt; FSDP2 (DCP) checkpoints of a "
-                             "PyTorchTrial: the shards of wrapped model <i> (TAG model<i>, default model0)")
+                             "PyTorchTrial: the shards of wrapped model <i> (TAG model<i>, default model0). "
+                             "`export --consolidate UUID DIR` works too")
 
 
 def _print_result(result: object) -> int:
@@ -161,6 +162,11 @@ def checkpoint_storage_for(store: object, uuid: str) -> object:
 
 def _export(args: argparse.Namespace) -> int:
     from determined_trials.core.storage import StorageManager
+
+    if args.dest is None:  # `export --consolidate UUID DIR`: the optional TAG took the uuid
+        if args.consolidate is None:
+            raise _common.CliError("checkpoint export takes UUID DIR")
+        args.consolidate, args.uuid, args.dest = "model0", args.consolidate, args.uuid
 
     store = _common.open_store(args)
     record = store.checkpoint(args.uuid)
