@@ -48,15 +48,18 @@ class IndexedData(torch.utils.data.Dataset[Any]):
         return torch.tensor(i), self.x[i], self.y[i]
 
 
-def build_model(shard: bool) -> nn.Module:
-    """The MLP; with ``shard`` (torch.distributed initialised) FSDP2 on each Linear, then the root."""
+def build_model(shard: bool, mixed_precision: bool = False) -> nn.Module:
+    """The MLP; with ``shard`` (torch.distributed initialised) FSDP2 on each Linear, then the root;
+    ``mixed_precision``: bfloat16 compute, float32 gradient reduction (MixedPrecisionPolicy)."""
     model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
     if shard:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if mixed_precision else MixedPrecisionPolicy()
         for block in (model[0], model[2], model[4]):
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
     return model
 
 
@@ -69,7 +72,7 @@ class FSDPTrial(pytorch.PyTorchTrial):
         self.seen: list[tuple[int, list[int]]] = []
         self.loaded: dict[str, Any] | None = None
         shard = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self.model = context.wrap_model(build_model(shard))
+        self.model = context.wrap_model(build_model(shard, bool(context.get_hparams().get("mixed_precision"))))
         self.optimizer = context.wrap_optimizer(torch.optim.AdamW(self.model.parameters(), lr=context.get_hparam("lr")))
         if context.get_hparams().get("scheduler", True):
             context.wrap_lr_scheduler(torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=3, gamma=0.7),
@@ -94,7 +97,7 @@ class FSDPTrial(pytorch.PyTorchTrial):
         index, x, y = batch
         self.seen.append((batch_idx, index.tolist()))
         self.syncs.append(_gradient_sync(self.model))
-        loss = nn.functional.mse_loss(self.model(x), y)
+        loss = nn.functional.mse_loss(self.model(x).float(), y)
         self.context.backward(loss)
         self.context.step_optimizer(self.optimizer, clip_grads=self._clip if self.clip else None)
         if batch_idx == self.stop_after:
@@ -108,7 +111,7 @@ class FSDPTrial(pytorch.PyTorchTrial):
 
     def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         _, x, y = batch
-        return {"validation_loss": nn.functional.mse_loss(self.model(x), y)}
+        return {"validation_loss": nn.functional.mse_loss(self.model(x).float(), y)}
 
 
 def _gradient_sync(model: nn.Module) -> bool | None:
