@@ -80,6 +80,7 @@ class FSDPTrial(pytorch.PyTorchTrial):
         clip = context.get_hparams().get("clip")
         self.clip = None if clip is None else (lambda params: nn.utils.clip_grad_norm_(params, clip))
         self.norms: list[float] = []
+        self.records = context.wrap_reducer(_sorted_records, name="records_trained", for_validation=False)
         self.syncs: list[bool | None] = []  # per batch: FSDP2's reduce_grads flag of the first block (None unsharded)
 
     def build_training_data_loader(self) -> pytorch.DataLoader:
@@ -97,6 +98,7 @@ class FSDPTrial(pytorch.PyTorchTrial):
         index, x, y = batch
         self.seen.append((batch_idx, index.tolist()))
         self.syncs.append(_gradient_sync(self.model))
+        self.records.update(index)
         loss = nn.functional.mse_loss(self.model(x).float(), y)
         self.context.backward(loss)
         self.context.step_optimizer(self.optimizer, clip_grads=self._clip if self.clip else None)
@@ -112,6 +114,11 @@ class FSDPTrial(pytorch.PyTorchTrial):
     def evaluate_batch(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         _, x, y = batch
         return {"validation_loss": nn.functional.mse_loss(self.model(x).float(), y)}
+
+
+def _sorted_records(updates: list[torch.Tensor]) -> list[int]:
+    """A function reducer: every record index trained since the last report, on every rank."""
+    return sorted(int(i) for update in updates for i in update.reshape(-1))
 
 
 def _gradient_sync(model: nn.Module) -> bool | None:

@@ -149,7 +149,7 @@ def _global_seen(result: list[dict[str, Any]]) -> dict[int, list[int]]:
 
 
 def test_sharded_training_equals_one_unsharded_process(runs: tuple[Results, dict[str, Path]]) -> None:
-    results, _ = runs
+    results, dirs = runs
     two, one = results["two"], results["one"][0]
     assert [r["fsdp"] for r in two] == [True, True] and not one["fsdp"]
     assert two[0]["state"] == two[1]["state"]  # the gathered model is one model
@@ -157,6 +157,9 @@ def test_sharded_training_equals_one_unsharded_process(runs: tuple[Results, dict
     assert _global_seen(two) == _global_seen([one])
     assert all(len(records) == 4 for rank in two for _, records in rank["seen"])
     assert [r["background"] for r in two] == [[4, 8], [4, 8]]  # the last one (12) is written at once
+    reports = core.LocalStore(dirs["two"]).metrics(two[0]["trial_id"], group="training")
+    seen = _global_seen(two)
+    assert [r.metrics["records_trained"] for r in reports] == [sorted(seen[b] + seen[b + 1]) for b in range(0, 12, 2)]
 
 
 def test_a_checkpoint_holds_one_shard_a_rank_and_no_full_copy(runs: tuple[Results, dict[str, Path]]) -> None:
