@@ -10,7 +10,9 @@ Models and optimizers are saved under the keys of ``get_state_dict`` on the list
 from __future__ import annotations
 
 import concurrent.futures
+import datetime
 import logging
+import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -131,8 +133,17 @@ def checkpoint_group() -> Any:
     writer thread's collectives from interleaving with training's."""
     default = torch.distributed.distributed_c10d._get_default_group()
     if not _GROUP or _GROUP[0] is not default:  # (a strong reference: no other group takes its address)
-        _GROUP[:] = [default, torch.distributed.new_group(backend="gloo")]
+        _GROUP[:] = [default, torch.distributed.new_group(backend="gloo", timeout=_collective_timeout())]
     return _GROUP[1]
+
+
+def _collective_timeout() -> datetime.timedelta:
+    """``$DET_COLLECTIVE_TIMEOUT`` (default 1800 s), as for the job's own process group."""
+    try:
+        seconds = float(os.environ.get("DET_COLLECTIVE_TIMEOUT", "1800"))
+    except ValueError:
+        seconds = 1800.0
+    return datetime.timedelta(seconds=seconds if seconds > 0 else 1800.0)
 
 
 def start_sharded_save(path: Path, trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner,
