@@ -105,3 +105,18 @@ benchmark-deepspeed: venv
 	DET_DEEPSPEED_SHM_COMM=0 $(BIN)/python benchmarks/deepspeed_overhead.py
 
 .PHONY: example-deepspeed benchmark-deepspeed
+
+FSDP_EXAMPLE_RUN_DIR := det-runs/fsdp_mlp
+
+# The FSDP2 example: an MLP sharded with fully_shard on 2 CPU processes (gloo) as a local experiment, with
+# background DCP checkpoints; then one plain state_dict of its last checkpoint (docs/fsdp.md).
+example-fsdp: venv
+	rm -rf $(FSDP_EXAMPLE_RUN_DIR) $(FSDP_EXAMPLE_RUN_DIR)-export
+	$(BIN)/det-trials --run-dir $(FSDP_EXAMPLE_RUN_DIR) experiment create --no-progress \
+		examples/fsdp_mlp/const.yaml examples/fsdp_mlp
+	$(BIN)/det-trials --run-dir $(FSDP_EXAMPLE_RUN_DIR) checkpoint list
+	$(BIN)/det-trials --run-dir $(FSDP_EXAMPLE_RUN_DIR) checkpoint export --consolidate \
+		$$($(BIN)/python -c "import determined_trials as det; print(det.core.LocalStore('$(FSDP_EXAMPLE_RUN_DIR)').checkpoints()[-1].uuid)") \
+		$(FSDP_EXAMPLE_RUN_DIR)-export
+
+.PHONY: example-fsdp

@@ -8,6 +8,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from determined_trials.cli import _common
 from determined_trials.core.store._local import LocalStore
@@ -51,10 +52,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     export = _common.add_command(group_of(commands, "checkpoint"), "export", _export,
                                  "copy a checkpoint out of storage into a folder")
     export.add_argument("uuid", metavar="UUID", help="checkpoint uuid")
-    export.add_argument("dest", metavar="DIR", help="destination folder (created; must be empty)")
+    export.add_argument("dest", metavar="DIR", nargs="?", help="destination folder (created; must be empty)")
     export.add_argument("--consolidate", metavar="TAG", nargs="?", const="model0", default=None,
                         help="DeepSpeedTrial checkpoints: also write TAG's (default model0) ZeRO shards merged into "
-                             "one plain state_dict, DIR/<TAG>_consolidated.pt")
+                             "one plain state_dict, DIR/<TAG>_consolidated.pt; FSDP2 (DCP) checkpoints of a "
+                             "PyTorchTrial: the shards of wrapped model <i> (TAG model<i>, default model0). "
+                             "`export --consolidate UUID DIR` works too")
 
 
 def _print_result(result: object, args: argparse.Namespace) -> int:
@@ -160,6 +163,11 @@ def checkpoint_storage_for(store: object, uuid: str) -> object:
 def _export(args: argparse.Namespace) -> int:
     from determined_trials.core.storage import StorageManager
 
+    if args.dest is None:  # `export --consolidate UUID DIR`: the optional TAG took the uuid
+        if args.consolidate is None:
+            raise _common.CliError("checkpoint export takes UUID DIR")
+        args.consolidate, args.uuid, args.dest = "model0", args.consolidate, args.uuid
+
     store = _common.open_store(args)
     record = store.checkpoint(args.uuid)
     if record.state == "DELETED":
@@ -178,8 +186,27 @@ def _export(args: argparse.Namespace) -> int:
         raise _common.CliError(f"could not export checkpoint {args.uuid} from {storage}: {exc}") from None
     print(f"checkpoint {args.uuid} ({record.steps_completed} steps) exported to {dest}")
     if args.consolidate:
-        print(f"one state_dict of its DeepSpeed engine {args.consolidate!r}: {_consolidate(dest, args.consolidate)}")
+        kind = "FSDP2 model" if _is_dcp(dest) else "DeepSpeed engine"
+        print(f"one state_dict of its {kind} {args.consolidate!r}: {_consolidate(dest, args.consolidate)}")
     return 0
+
+
+def _is_dcp(folder: Path) -> bool:
+    from determined_trials.pytorch._fsdp import is_dcp_checkpoint
+
+    return is_dcp_checkpoint(folder)
+
+
+def _consolidate_dcp(folder: Path, tag: str) -> dict[str, Any]:
+    """Wrapped model ``model<i>`` of an FSDP2 checkpoint's DCP shards as one plain state_dict."""
+    from determined_trials.pytorch._dcp import read_dcp_models
+
+    index = tag.removeprefix("model")
+    models = read_dcp_models(folder)
+    if not index.isdigit() or int(index) >= len(models):
+        raise ValueError(f"TAG {tag!r} names no model of this FSDP2 checkpoint: it holds "
+                         f"{', '.join(f'model{i}' for i in range(len(models)))}")
+    return models[int(index)]
 
 
 def _consolidate(folder: Path, tag: str) -> Path:
@@ -189,7 +216,7 @@ def _consolidate(folder: Path, tag: str) -> Path:
     from determined_trials.deepspeed import consolidate_checkpoint
 
     try:
-        state = consolidate_checkpoint(folder, tag=tag)
+        state = _consolidate_dcp(folder, tag) if _is_dcp(folder) else consolidate_checkpoint(folder, tag=tag)
     except (FileNotFoundError, ValueError) as exc:
         raise _common.CliError(f"--consolidate: {exc}") from None
     out = folder / f"{tag}_consolidated.pt"

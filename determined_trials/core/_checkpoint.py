@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from determined_trials.core._staged import StagedCheckpoint
+from determined_trials.core._staged import StagedCheckpoint, StagedShard
 from determined_trials.core.storage import METADATA_FILE, Selector, StorageManager
 from determined_trials.core.storage._base import list_local_files
 
@@ -137,6 +137,68 @@ class CheckpointContext:
             raise
         plan = _attempt(lambda: {"files": _checkpoint_files(path, None), "metadata": _jsonable(metadata)})
         self._save_sharded(storage_id, path, plan)
+
+    def stage_shard(self, metadata: dict[str, Any] | None = None) -> StagedShard:
+        """Every rank: ``store_path(shard=True)`` in steps, so that the ranks' files may be written, and
+        the checkpoint committed, in the background: write into the returned ``path``, then ``collect()``
+        (a collective) and run the chief's commit anywhere, or ``abort()`` (a collective)."""
+        storage_id = self._broadcast_id(metadata)
+        rank = self._dist.get_rank()
+        path = self._storage.stage_dir(storage_id, rank)
+
+        def collect() -> Callable[[], str] | None:
+            plan = _attempt(lambda: {"files": _checkpoint_files(path, None), "metadata": _jsonable(metadata)})
+            return self._collect_sharded(storage_id, path, plan)
+
+        def abort() -> None:
+            reason = RuntimeError(f"checkpoint {storage_id} was not saved: rank {rank} gave up on its shard")
+            self._save_sharded(storage_id, path, (reason, None))
+
+        return StagedShard(path, storage_id, collect, abort)
+
+    def _collect_sharded(self, storage_id: str, src: Path, plan: _Outcome) -> Callable[[], str] | None:
+        """``_save_sharded`` up to the chief's commit, which it returns (None on the other ranks)."""
+        rank = self._dist.get_rank()
+        plans = self._dist.allgather(plan)
+        try:
+            if plan[0] is not None:
+                raise plan[0]
+            metadata = _merge_plans(plans, storage_id)
+        except BaseException:
+            self._storage.release(storage_id, rank)
+            if rank == 0:
+                self._storage.abort(storage_id)
+                self._dropped(storage_id)
+            raise
+        staged = _attempt(lambda: self._put(storage_id, src, plan[1]["files"]))
+        self._storage.release(storage_id, rank)
+        results = self._dist.gather(staged)
+        outcome: _Outcome = (None, None)
+        if rank == 0:
+            failed = [f"rank {r}: {exc}" for r, (exc, _) in enumerate(results or []) if exc is not None]
+            if failed:
+                self._storage.abort(storage_id)
+                self._dropped(storage_id)
+                outcome = (RuntimeError(f"checkpoint {storage_id} was not saved; ranks failed to stage their "
+                                        f"files: {'; '.join(failed)}"), None)
+        outcome = self._dist.broadcast(outcome if rank == 0 else None)
+        if staged[0] is not None:
+            raise staged[0]
+        if outcome[0] is not None:
+            raise outcome[0]
+        if rank != 0:
+            return None
+
+        def commit() -> str:
+            committed = _attempt(lambda: self._storage.commit(storage_id, metadata))
+            if committed[0] is not None:
+                self._storage.abort(storage_id)
+                self._dropped(storage_id)
+                raise committed[0]
+            self._recorder.checkpoint_saved(storage_id, metadata, committed[1])
+            return storage_id
+
+        return commit
 
     def stage(self, metadata: dict[str, Any] | None) -> StagedCheckpoint:
         """Chief only: ``store_path`` in two steps. Write the checkpoint's files into the returned

@@ -23,7 +23,7 @@ from determined_trials.loop._state import TrialState
 if TYPE_CHECKING:
     from determined_trials.core import Context
 
-__all__ = ["CHECKPOINT_FORMAT", "TRIAL_STATE_FILE", "Checkpointer", "uses_async_save"]
+__all__ = ["CHECKPOINT_FORMAT", "TRIAL_STATE_FILE", "Checkpointer", "uses_async_save", "uses_async_sharded_save"]
 
 logger = logging.getLogger("determined_trials.loop")
 
@@ -38,6 +38,13 @@ def uses_async_save(adapter: TrialAdapter) -> bool:
     return bool(getattr(adapter, "async_save", False)) and hasattr(adapter, "snapshot")
 
 
+def uses_async_sharded_save(adapter: TrialAdapter) -> bool:
+    """Whether ``adapter`` is a sharded saver whose ranks write their shards in the background
+    (``start_sharded_save(path)`` returns a future; the loop publishes once every rank's is done)."""
+    return (bool(getattr(adapter, "sharded_save", False)) and bool(getattr(adapter, "async_save", False))
+            and hasattr(adapter, "start_sharded_save"))
+
+
 class Checkpointer:
     """Writes the loop's checkpoints through the Core API, off the training path when it can."""
 
@@ -50,6 +57,7 @@ class Checkpointer:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._future: concurrent.futures.Future[str] | None = None
         self._in_flight = False  # on every rank: a write was started and not yet collected
+        self._shard: tuple[Any, Any] | None = None  # (staged checkpoint, this rank's write future): sharded
 
     def save(self, state: TrialState, *, final: bool = False) -> None:
         """Checkpoint ``state`` and the adapter's state (waits for the previous write first). A
@@ -60,6 +68,9 @@ class Checkpointer:
         metadata = {"steps_completed": state.batches_trained, "framework": self._adapter.framework,
                     "format": CHECKPOINT_FORMAT}
         trial_state = json.dumps(state.state_dict(), indent=1)
+        if sharded and not final and uses_async_sharded_save(self._adapter):
+            self._start_sharded(metadata, trial_state)
+            return
         if uses_async_save(self._adapter) and not final:
             if self._is_chief:
                 self._future = self._start_background_save(metadata, trial_state)
@@ -83,6 +94,13 @@ class Checkpointer:
         """Collect a finished write without waiting (every rank calls; one broadcast with several)."""
         if not self._in_flight:
             return
+        if self._shard is not None:  # every rank's own write: done when all are; then the chief commits
+            done = self._shard[1].done()
+            if self._dist.get_size() > 1:
+                done = all(self._dist.allgather(done))
+            if done:
+                self._finish_sharded()
+            return
         done = self._future is not None and self._future.done()
         if self._dist.get_size() > 1:
             done = bool(self._dist.broadcast(done if self._is_chief else None))
@@ -93,6 +111,8 @@ class Checkpointer:
         """Wait for the write in flight (if any), fire its hook; re-raise its error on every rank."""
         if not self._in_flight:
             return
+        if self._shard is not None:
+            self._finish_sharded()  # then wait for the chief's commit below
         outcome: tuple[BaseException | None, str | None] = (None, None)
         if self._future is not None:
             try:
@@ -118,6 +138,12 @@ class Checkpointer:
             except Exception as exc:  # noqa: BLE001 - an earlier error is already propagating
                 logger.error("the background checkpoint write failed too: %r", exc)
             self._future = None
+        if self._shard is not None:  # no collective here: the staged shard is cleared at the next start
+            try:
+                self._shard[1].result()
+            except Exception as exc:  # noqa: BLE001 - an earlier error is already propagating
+                logger.error("the background checkpoint write failed too: %r", exc)
+            self._shard = None
         self._in_flight = False
         if self._executor is not None:
             self._executor.shutdown(wait=True)
@@ -127,6 +153,41 @@ class Checkpointer:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="det-checkpoint-writer")
         return self._executor
+
+    def _start_sharded(self, metadata: dict[str, Any], trial_state: str) -> None:
+        """Every rank: stage its shard and let the adapter write it in the background."""
+        if self._is_chief:
+            self._core.train.set_status("checkpointing")
+        staged = self._core.checkpoint.stage_shard(metadata)
+        try:
+            if self._is_chief:
+                (staged.path / TRIAL_STATE_FILE).write_text(trial_state)
+            future = self._adapter.start_sharded_save(staged.path)  # type: ignore[attr-defined]
+        except Exception:
+            staged.abort()  # tells the other ranks (they publish and fail), then raises here
+            raise
+        self._shard = (staged, future)
+        self._in_flight = True
+        if self._is_chief:
+            self._core.train.set_status("training")
+
+    def _finish_sharded(self) -> None:
+        """Every rank: its write is done; check every rank's files together (or fail together) and let
+        the chief's writer thread commit and record the checkpoint, collected like any background write."""
+        assert self._shard is not None
+        staged, future = self._shard
+        self._shard = None
+        self._in_flight = False
+        try:
+            future.result()
+        except Exception as exc:  # noqa: BLE001 - every rank raises below
+            logger.error("writing this rank's checkpoint shard failed: %r", exc)
+            staged.abort()
+            raise
+        commit = staged.collect()
+        if commit is not None:
+            self._future = self._writer().submit(commit)
+        self._in_flight = True
 
     def _start_background_save(self, metadata: dict[str, Any], trial_state: str) -> concurrent.futures.Future[str]:
         """A large state: snapshot it and let the writer serialise, publish and record it. A small one:

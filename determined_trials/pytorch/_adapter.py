@@ -24,6 +24,7 @@ from determined_trials.pytorch._checkpoint_io import (
     write_trial_state,
 )
 from determined_trials.pytorch._context import PyTorchTrialContext
+from determined_trials.pytorch._fsdp import check_model_mix, is_dcp_checkpoint, is_fsdp
 from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
 from determined_trials.pytorch._trial import PyTorchTrial, evaluate_takes_batch_idx
 from determined_trials.pytorch.data._loader import DataLoader
@@ -58,11 +59,19 @@ class PyTorchAdapter(BatchLoop):
         self._batch_metrics: list[dict[str, Any]] = []
         self._last_snapshot: Any = None
         self._check_wrapped()
+        self._sharded = any(is_fsdp(m) for m in context.models)
+        self.sharded_save = self._sharded  # FSDP2: every rank saves its shard of one DCP checkpoint
+        self._validation_checked = False
 
     # -- the adapter interface -----------------------------------------------------------------
 
     def load(self, path: Path) -> None:
-        load_trial_state(path, self._context, self._hooks)
+        if self._sharded or is_dcp_checkpoint(path):
+            from determined_trials.pytorch import _dcp  # torch.distributed.checkpoint: only when used
+
+            _dcp.load_sharded_state(path, self._context, self._hooks)
+        else:
+            load_trial_state(path, self._context, self._hooks)
 
     def start_training(self, state: TrialState) -> DataShape:
         loader = self._trial.build_training_data_loader()
@@ -77,6 +86,10 @@ class PyTorchAdapter(BatchLoop):
             self._stream = wrap_raw_loader(loader, start_batch=state.batches_trained)
             global_batch = _raw_batch_size(loader, size)
         self._epoch_len = self._stream.epoch_len
+        if self.sharded_save and size > 1:  # made once here, not in the first checkpoint's time
+            from determined_trials.pytorch import _dcp
+
+            _dcp.checkpoint_group()
         self._context.reducers.reset(True)
         self._train_metrics.reset()
         return DataShape(self._epoch_len, global_batch)
@@ -127,7 +140,21 @@ class PyTorchAdapter(BatchLoop):
             self._context.reducers.reset(True)  # updates made while validating are not training's
 
     def save(self, path: Path) -> None:
-        save_trial_state(path, self._trial, self._context, self._hooks)
+        if self.sharded_save:
+            from determined_trials.pytorch import _dcp
+
+            _dcp.save_sharded_state(path, self._trial, self._context, self._hooks)
+        else:
+            save_trial_state(path, self._trial, self._context, self._hooks)
+
+    def start_sharded_save(self, path: Path) -> Any:
+        """On every rank (FSDP2): start writing this rank's shard into ``path`` in the background
+        (``dcp.async_save``); returns a future the loop waits for before it publishes the checkpoint."""
+        from determined_trials.pytorch import _dcp
+
+        group = _dcp.checkpoint_group() if self._dist.get_size() > 1 else None
+        return _dcp.start_sharded_save(path, self._trial, self._context, self._hooks, group,
+                                       lambda ok: all(self._allgather(ok)))
 
     @property
     def async_save(self) -> bool:
@@ -166,6 +193,8 @@ class PyTorchAdapter(BatchLoop):
 
     def _evaluate_batches(self, test_mode: bool) -> dict[str, Any]:
         loader = self._validation_data(sharded=True)
+        if self._sharded and not self._validation_checked and self._dist.get_size() > 1:
+            self._check_even_validation(loader)
         metrics = ValidationMetrics(self._trial.evaluation_reducer())
         with_idx = self._evaluate_takes_batch_idx
         to_device = self._context.to_device if self._context.experimental._auto_to_device else None
@@ -196,7 +225,23 @@ class PyTorchAdapter(BatchLoop):
             result.update(reducers.cross_slot(False, [g[1] for g in gathered]))
         return result
 
+    def _check_even_validation(self, loader: Any) -> None:
+        """FSDP2: every forward is a collective, so every rank must evaluate as many batches."""
+        counts = self._allgather(len(loader) if hasattr(loader, "__len__") else None)
+        if len(set(counts)) > 1:
+            raise ValueError(
+                f"FSDP2 trial: the ranks' validation loaders hold {counts} batches; every forward pass of a sharded "
+                "model is a collective, so each rank must evaluate as many batches. Fix: make the validation set "
+                "split evenly (records divisible by batch_size x processes), e.g. drop or pad the last records"
+            )
+        self._validation_checked = True
+
     def _evaluate_full_dataset(self) -> dict[str, Any]:
+        if self._sharded and self._dist.get_size() > 1:
+            raise TypeError(
+                "FSDP2 trial: evaluate_full_dataset runs on rank 0 alone, but a sharded model's forward needs every "
+                "rank. Fix: implement evaluate_batch (the harness shards the validation data and reduces metrics)"
+            )
         metrics: dict[str, Any] | None = None
         if self._dist.get_rank() == 0:
             result = self._trial.evaluate_full_dataset(self._validation_data(sharded=False))
@@ -236,6 +281,7 @@ class PyTorchAdapter(BatchLoop):
                 f"{type(self._trial).__name__}.__init__ wrapped no optimizer: call "
                 "self.optimizer = context.wrap_optimizer(optimizer) so the harness can checkpoint it"
             )
+        check_model_mix(self._context.models, self._dist.get_size())
 
     def _require_opt_out(self, loader: Any, method: str) -> None:
         if not self._context.experimental._dataset_checks:

@@ -12,7 +12,7 @@ import torch
 from determined_trials._trial_context import TrialContext, TrialIdentity
 from determined_trials.config import ExperimentConfig
 from determined_trials.errors import ConfigError
-from determined_trials.pytorch import _amp, _ddp, _stepping
+from determined_trials.pytorch import _amp, _ddp, _fsdp, _stepping
 from determined_trials.pytorch._device import default_device
 from determined_trials.pytorch._experimental import PyTorchExperimentalContext
 from determined_trials.pytorch._lr_scheduler import LRScheduler
@@ -64,6 +64,7 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         self._auto_scaler: Any = None
         self._auto_scaler_stepped = False
         self._optimizer_stepped_this_batch = False
+        self._restore_grads: Any = None  # accumulated FSDP2 gradients of a checkpoint, for the next backward
 
     # -- wrapping -------------------------------------------------------------------------------
 
@@ -71,18 +72,22 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         """Move `model` to `device`, register it for checkpointing and return the model to call.
 
         With several processes (torch.distributed initialised) the result is a DDP wrapper whose
-        unknown attributes come from `model`.
+        unknown attributes come from `model`; an FSDP2 model (`fully_shard` on its blocks and root)
+        is returned as is: it shards and synchronises itself, and is checkpointed through DCP.
         """
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"wrap_model takes a torch.nn.Module, got {type(model).__qualname__}")
         if any(model is m or model is _ddp.unwrap(m) for m in self.models):
             raise ValueError("this model is already wrapped; call wrap_model once per model")
-        model = model.to(self._device)
+        fsdp = _fsdp.check_fsdp_model(model)
+        _fsdp.check_model_mix([*self.models, model], self.distributed.get_size())
+        if not fsdp:  # an FSDP2 model stays where fully_shard put its shards
+            model = model.to(self._device)
         if self._amp_dtype is not None:
             _amp.install_autocast_forward(model, self._device, self._amp_dtype)
         wrapped: torch.nn.Module = model
         trainable = any(p.requires_grad for p in model.parameters())
-        if self.distributed.get_size() > 1 and trainable:
+        if self.distributed.get_size() > 1 and trainable and not fsdp:
             if not _ddp.torch_distributed_ready():
                 raise RuntimeError(
                     f"the job has {self.distributed.get_size()} processes but torch.distributed is not "
@@ -173,6 +178,11 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
             raise TypeError(f"backward takes the loss tensor, got {type(loss).__qualname__}")
         if self._auto_scaler is not None:
             loss = self._auto_scaler.scale(loss)
+        if self._restore_grads is not None:
+            from determined_trials.pytorch._fsdp_grads import apply_restored_grads
+
+            apply_restored_grads(self._restore_grads)
+            self._restore_grads = None
         if gradient is None and not retain_graph and not create_graph:
             loss.backward()  # torch's defaults: no keyword arguments to match on every call
         else:
@@ -232,14 +242,18 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         self._set_position(batch_idx, epoch_len, **epoch)
         self._optimizer_stepped_this_batch = False
         if self._aggregation_frequency > 1:
-            _ddp.set_grad_sync(self.models, self._is_update_batch())
+            sync = self._is_update_batch()
+            _ddp.set_grad_sync(self.models, sync)
+            _fsdp.set_fsdp_grad_sync(self.models, sync)
 
     def _start_known_batch(self, batch_idx: int, epoch_len: int) -> None:
         """``_start_batch`` when the epoch length is known (the common case, without keyword arguments)."""
         self._batch_idx, self._epoch_len = batch_idx, epoch_len  # the epoch position derives from both
         self._optimizer_stepped_this_batch = False
         if self._aggregation_frequency > 1:
-            _ddp.set_grad_sync(self.models, self._is_update_batch())
+            sync = self._is_update_batch()
+            _ddp.set_grad_sync(self.models, sync)
+            _fsdp.set_fsdp_grad_sync(self.models, sync)
 
     def _end_batch(self) -> None:
         """Trainer hook, after each training batch: update the automatic AMP scaler if it stepped."""

@@ -18,6 +18,7 @@ from determined_trials.config import ConfigWarning, ExperimentConfig, load_confi
 from determined_trials.errors import ConfigError
 from determined_trials.pytorch._checkpoint_io import LOAD_DATA_FILE, load_models, read_state_file
 from determined_trials.pytorch._context import PyTorchTrialContext
+from determined_trials.pytorch._fsdp import is_dcp_checkpoint
 from determined_trials.pytorch._trial import PyTorchTrial
 
 __all__ = ["CheckpointLoadContext", "load_trial_from_checkpoint_path"]
@@ -57,6 +58,8 @@ def load_trial_from_checkpoint_path(
     ``code/`` folder); ``trial_kwargs`` go to its constructor after the context. Only model weights
     are loaded (not optimizers), into a model on the CPU unless ``torch_load_kwargs={"map_location": ...}``
     names its device (the file itself is always read into host memory first).
+    An FSDP2 trial's checkpoint (DCP shards) loads into the trial built here, in one process without
+    torch.distributed: build the model unsharded when torch.distributed is not initialised.
     The load is ``weights_only`` unless ``torch_load_kwargs={"weights_only": False}``: Determined 0.38
     checkpoints pickle numpy RNG state, so they need that opt-in (only for files you trust).
     """
@@ -77,6 +80,11 @@ def load_trial_from_checkpoint_path(
     hparams = load_data.get("hparams") or {}
     context = CheckpointLoadContext(hparams, load_data.get("experiment_config"), device=device)
     trial = cls(context, **dict(trial_kwargs or {}))
+    if is_dcp_checkpoint(folder):  # an FSDP2 trial's shards, read into this process's (unsharded) models
+        from determined_trials.pytorch._dcp import load_dcp_models
+
+        load_dcp_models(folder, context.models)
+        return trial
     checkpoint = read_state_file(folder, weights_only=weights_only)
     load_models(checkpoint, context.models, folder)
     return trial
