@@ -49,9 +49,10 @@ def test_async_checkpoint_and_resume_benchmarks_quick_runs_print_their_summaries
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(QUICK_S + 60)
 def test_fsdp_benchmark_quick_run_prints_its_ratios() -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fsdp.py"), "--quick", "--timeout", "240"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = run_in_group([sys.executable, str(ROOT / "benchmarks" / "fsdp.py"), "--quick", "--timeout", str(QUICK_S)],
+                        timeout=QUICK_S, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert re.search(r"^held / synchronous dcp.save \(median of per-round ratios\): \d+\.\d+$", proc.stdout,
                      re.MULTILINE), proc.stdout
