@@ -1,9 +1,12 @@
 """What runs on a Ray node for one trial: ``TrialActor`` unpacks the experiment's model folder, starts
-the trial process there and forwards its output to the runner over the store channel. No ray import:
-the executor wraps the class with ``ray.remote``."""
+the trial process there (for a trial over several nodes: that node's launcher, told the node count, its
+node rank and the chief's address) and forwards its output to the runner over the store channel. No
+ray import at module level: the executor wraps the class with ``ray.remote``."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import io
 import shutil
 import tarfile
@@ -13,16 +16,32 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from determined_trials.core.channel._client import STORE_CHANNEL_ENV, RemoteStore
 from determined_trials.core.channel._server import ChannelToken
 from determined_trials.experiment._launch import TrialLaunch, trial_command, trial_environment
 from determined_trials.experiment._process import TrialProcess
+from determined_trials.launch._procs import free_port
 
-__all__ = ["NODE_ID_ENV", "TrialActor", "pack_folder", "probe_marker"]
+__all__ = ["NODE_ID_ENV", "NodeRole", "TrialActor", "pack_folder", "probe_marker"]
 
 NODE_ID_ENV = "DET_RAY_NODE_ID"
 _FLUSH_S = 0.2
 _POLL_S = 0.1
+_CHIEF_WAIT_S = 300.0  # how long a node waits for the chief's actor to say its address
+_KILL_REAP_S = 5.0
+_KILLED_EXIT_CODE = 137
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRole:
+    """This node's part of a trial over ``nnodes`` nodes; ``chief``: node 0's actor (None on node 0)."""
+
+    nnodes: int
+    node_rank: int
+    job_id: str
+    chief: Any = None
 
 
 def pack_folder(folder: Path) -> bytes:
@@ -47,6 +66,7 @@ class _LogForwarder:
     def __init__(self, store: RemoteStore, trial_id: int) -> None:
         self._store, self._trial_id = store, trial_id
         self._lines: list[str] = []
+        self._status: str | None = None
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -56,9 +76,17 @@ class _LogForwarder:
         with self._lock:
             self._lines.append(line)
 
+    def set_status(self, status: str) -> None:
+        """Set the trial's status line (what `trial list` shows) with the next batch of lines."""
+        with self._lock:
+            self._status = status
+
     def _flush(self) -> None:
         with self._lock:
             lines, self._lines = self._lines, []
+            status, self._status = self._status, None
+        if status:
+            self._store.set_trial_status(self._trial_id, status)
         if lines:
             self._store.send_log(self._trial_id, lines)
 
@@ -73,6 +101,13 @@ class _LogForwarder:
         self._store.close()
 
 
+def _node_lines(forwarder: _LogForwarder, node_rank: int) -> Any:
+    """An echo that marks a node's launcher lines (the ranks' own lines say ``[rank=R]`` already)."""
+    def echo(line: str) -> None:
+        forwarder.add(line if line.startswith("[rank=") else f"[node={node_rank}] {line}")
+    return echo
+
+
 class TrialActor:
     """One run of one trial on a Ray node; ``signal`` may be called while ``run`` runs."""
 
@@ -80,10 +115,34 @@ class TrialActor:
         self._proc: TrialProcess | None = None
         self._pending: str | None = None
         self._lock = threading.Lock()
+        self._endpoint: tuple[str, int, int] | None = None
+
+    def endpoint(self) -> tuple[str, int, int]:
+        """This node's address and two free ports (torch's rendezvous, our collectives), picked once."""
+        import ray
+
+        with self._lock:
+            if self._endpoint is None:
+                self._endpoint = (ray.util.get_node_ip_address(), free_port(), free_port())
+            return self._endpoint
+
+    def _node_environment(self, role: NodeRole | None) -> dict[str, str]:
+        """What a launcher needs to run one node's ranks of a trial over several nodes."""
+        if role is None or role.nnodes == 1:
+            return {}
+        import ray
+
+        if role.chief is None:
+            chief_ip, master_port, core_port = self.endpoint()
+        else:
+            chief_ip, master_port, core_port = ray.get(role.chief.endpoint.remote(), timeout=_CHIEF_WAIT_S)
+        return {"DET_NNODES": str(role.nnodes), "DET_NODE_RANK": str(role.node_rank), "DET_CHIEF_IP": chief_ip,
+                "DET_MASTER_PORT": str(master_port), "DET_CORE_PORT": str(core_port), "DET_JOB_ID": role.job_id}
 
     def run(self, launch: TrialLaunch, model_tar: bytes, entrypoint: Any, run_dir: str, config_text: str,
-            token_text: str) -> tuple[int, str]:
-        """Run the trial process to its end; its exit status and failure reason."""
+            token_text: str, role: NodeRole | None = None) -> tuple[int, str]:
+        """Run the trial process (this node's part, with ``role``) to its end; its exit status and failure
+        reason."""
         import ray  # only ever imported on a Ray worker
 
         node_id = ray.get_runtime_context().get_node_id()
@@ -98,10 +157,16 @@ class TrialActor:
             (work / "config.yaml").write_text(config_text)
             env = trial_environment(launch, run_dir=Path(run_dir), info_path=work / "cluster_info.json",
                                     config_path=work / "config.yaml",
-                                    extra={STORE_CHANNEL_ENV: token_text, NODE_ID_ENV: node_id})
+                                    extra={STORE_CHANNEL_ENV: token_text, NODE_ID_ENV: node_id,
+                                           **self._node_environment(role)})
+            if role is None or role.node_rank == 0:  # placed: no longer waiting for resources
+                forwarder.set_status(f"starting on Ray node {ray.util.get_node_ip_address()}")
+            echo = forwarder.add if role is None or role.nnodes == 1 else _node_lines(forwarder, role.node_rank)
             with self._lock:
+                if self._pending == "KILL" and role is not None and role.nnodes > 1:
+                    return _KILLED_EXIT_CODE, "killed before it started: another node's part of the trial ended"
                 self._proc = TrialProcess(trial_command(entrypoint), env=env, cwd=work / "model",
-                                          log_path=work / "trial.log", prefix="", echo=forwarder.add)
+                                          log_path=work / "trial.log", prefix="", echo=echo)
                 if self._pending:
                     self._apply(self._pending)
             code = self._wait(self._proc)
@@ -130,6 +195,24 @@ class TrialActor:
             self._proc.kill()
         else:
             self._proc.terminate()
+
+    def kill_now(self) -> None:
+        """SIGKILL the trial process and everything below it (its launcher adopts its orphans), and
+        wait a little for them: a peer node failed, so the ranks here would wait for it in vain."""
+        with self._lock:
+            self._pending = "KILL"
+            proc = self._proc
+        if proc is None:
+            return
+        try:
+            root = psutil.Process(proc.pid)
+            victims = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        for victim in victims:
+            with contextlib.suppress(psutil.Error):
+                victim.kill()
+        psutil.wait_procs(victims, timeout=_KILL_REAP_S)
 
     def pid(self) -> int | None:
         """The trial process's id (its process group), once started."""
