@@ -91,7 +91,7 @@ def test_a_trial_the_cluster_cannot_hold_is_refused_with_what_it_asked_and_offer
     ("model_def:MyTrial", "determined_trials.launch.torch_distributed"),
     (["python3", "-m", "determined_trials.launch.deepspeed", "--trial", "t.py:T"], "determined_trials.launch.deepspeed"),
     ("python3 train.py", None),
-    ("python3 -m determined_trials.launch.tensorflow --trial t.py:T", None),
+    ("python3 -m determined_trials.launch.tensorflow --trial t.py:T", "determined_trials.launch.tensorflow"),
 ])
 def test_which_entrypoints_can_span_nodes(entrypoint: Any, launcher: str | None) -> None:
     assert multi_node_launcher(trial_command(entrypoint)) == launcher
@@ -162,3 +162,13 @@ def test_a_paused_spread_trial_waits_for_every_node_and_gives_the_preempted_stat
     assert run.poll() is None  # node 0 is still checkpointing
     refs[0].result = (75, "")
     assert run.poll() == 75 and ray.killed == ["a0", "a1"]
+
+
+def test_a_preempted_part_waits_for_the_others_and_a_dead_one_wins() -> None:
+    ray, log = _FakeRay(), []
+    actors = [_FakeActor(log, "a0"), _FakeActor(log, "a1")]
+    refs = [_FakeRef((75, "")), _FakeRef(None)]  # node 0 stopped on a preemption it was not asked for
+    run = RayTrialRun(ray, actors, refs, group=None)
+    assert run.poll() is None and log == []
+    refs[1].result = RuntimeError("actor gone")  # ... because node 1's actor died
+    assert run.poll() == 1 and "died on node 1 of 2" in run.reason(1)

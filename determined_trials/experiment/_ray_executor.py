@@ -119,7 +119,7 @@ class RayExecutor:
                 f"resources.slots_per_trial is {layout.slots}: the trial runs on {layout.describe()}, and on "
                 "every node a launcher starts that node's ranks; the entrypoint must be one "
                 "(`python3 -m determined_trials.launch.torch_distributed --trial model_def:MyTrial`, or "
-                "launch.deepspeed), not "
+                "launch.deepspeed, launch.tensorflow), not "
                 f"{config.entrypoint!r}; or raise resources.max_slots_per_node so that the trial fits one node")
         return layout
 
@@ -159,15 +159,13 @@ class RayExecutor:
         if layout.slots > 1:
             group = ray.util.placement_group(layout.bundles(), strategy=layout.strategy)
         job_id = f"trial-{job.launch.experiment_id}.{job.launch.trial_id}.{job.launch.run_id}-{uuid.uuid4().hex[:12]}"
-        actors: list[Any] = []
-        refs: list[Any] = []
-        for node_rank in range(layout.nnodes):
-            actor = self._actor_class.options(max_concurrency=4, max_restarts=0,
-                                              **self._resources(layout, group, node_rank)).remote()
-            role = NodeRole(layout.nnodes, node_rank, job_id, chief=actors[0] if actors else None)
-            refs.append(actor.run.remote(job.launch, self._model_ref, job.entrypoint, str(job.run_dir),
-                                         self._config_text, self._channel.token.dumps(), role))
-            actors.append(actor)
+        actors = [self._actor_class.options(max_concurrency=4, max_restarts=0,
+                                            **self._resources(layout, group, node_rank)).remote()
+                  for node_rank in range(layout.nnodes)]
+        refs = [actor.run.remote(job.launch, self._model_ref, job.entrypoint, str(job.run_dir), self._config_text,
+                                 self._channel.token.dumps(),
+                                 NodeRole(layout.nnodes, node_rank, job_id, layout.per_node, tuple(actors)))
+                for node_rank, actor in enumerate(actors)]
         return RayTrialRun(ray, actors, refs, group)
 
     def _resources(self, layout: Layout, group: Any, node_rank: int) -> dict[str, Any]:

@@ -44,10 +44,11 @@ class RayTrialRun:
                                                         f"{type(exc).__name__}: {exc}")
 
     def _failed(self) -> tuple[int, str] | None:
-        """The first part that failed (a preemption's 75 after ``terminate`` is no failure)."""
+        """The first part that failed. A preemption's 75 is no failure: the ranks agree on a stop (one
+        collective), so every node's part ends with it soon; the run's code is decided when all did."""
         for index in sorted(self._results):
             code, reason = self._results[index]
-            if code != 0 and not (self.terminated and code == PREEMPTED_EXIT_CODE):
+            if code not in (0, PREEMPTED_EXIT_CODE):
                 where = f"node {index}: " if len(self._refs) > 1 and reason else ""
                 return code, where + reason
         return None

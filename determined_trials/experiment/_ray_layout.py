@@ -9,7 +9,8 @@ from collections.abc import Sequence
 __all__ = ["MULTI_NODE_LAUNCHERS", "Layout", "LayoutError", "multi_node_launcher", "plan_layout"]
 
 # The launchers that run one node's ranks of a trial spread over several nodes (DET_NNODES et al.).
-MULTI_NODE_LAUNCHERS = ("determined_trials.launch.torch_distributed", "determined_trials.launch.deepspeed")
+MULTI_NODE_LAUNCHERS = ("determined_trials.launch.torch_distributed", "determined_trials.launch.deepspeed",
+                        "determined_trials.launch.tensorflow")
 
 
 class LayoutError(ValueError):

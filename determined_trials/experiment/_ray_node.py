@@ -23,25 +23,28 @@ from determined_trials.core.channel._server import ChannelToken
 from determined_trials.experiment._launch import TrialLaunch, trial_command, trial_environment
 from determined_trials.experiment._process import TrialProcess
 from determined_trials.launch._procs import free_port
+from determined_trials.launch._spawn import TF_WORKERS_ENV
 
 __all__ = ["NODE_ID_ENV", "NodeRole", "TrialActor", "pack_folder", "probe_marker"]
 
 NODE_ID_ENV = "DET_RAY_NODE_ID"
 _FLUSH_S = 0.2
 _POLL_S = 0.1
-_CHIEF_WAIT_S = 300.0  # how long a node waits for the chief's actor to say its address
+_PEERS_WAIT_S = 300.0  # how long a node waits for the other nodes' actors to say their addresses
 _KILL_REAP_S = 5.0
 _KILLED_EXIT_CODE = 137
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeRole:
-    """This node's part of a trial over ``nnodes`` nodes; ``chief``: node 0's actor (None on node 0)."""
+    """This node's part of a trial over ``nnodes`` nodes of ``per_node`` slots; ``peers``: every node's
+    actor, in node rank order."""
 
     nnodes: int
     node_rank: int
     job_id: str
-    chief: Any = None
+    per_node: int = 1
+    peers: tuple[Any, ...] = ()
 
 
 def pack_folder(folder: Path) -> bytes:
@@ -101,6 +104,15 @@ class _LogForwarder:
         self._store.close()
 
 
+def _node_address(ray: Any) -> str:
+    """The address this Ray node registered with (``ray start --node-ip-address``), which its peers use."""
+    node_id = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id and node.get("NodeManagerAddress"):
+            return str(node["NodeManagerAddress"])
+    return str(ray.util.get_node_ip_address())
+
+
 def _node_lines(forwarder: _LogForwarder, node_rank: int) -> Any:
     """An echo that marks a node's launcher lines (the ranks' own lines say ``[rank=R]`` already)."""
     def echo(line: str) -> None:
@@ -115,29 +127,34 @@ class TrialActor:
         self._proc: TrialProcess | None = None
         self._pending: str | None = None
         self._lock = threading.Lock()
-        self._endpoint: tuple[str, int, int] | None = None
+        self._endpoint: tuple[str, list[int]] | None = None
 
-    def endpoint(self) -> tuple[str, int, int]:
-        """This node's address and two free ports (torch's rendezvous, our collectives), picked once."""
+    def endpoint(self, count: int) -> tuple[str, list[int]]:
+        """This node's address and ``count`` free ports (picked once): torch's rendezvous, our
+        collectives, then one per TensorFlow worker of this node."""
         import ray
 
         with self._lock:
             if self._endpoint is None:
-                self._endpoint = (ray.util.get_node_ip_address(), free_port(), free_port())
+                self._endpoint = (_node_address(ray), [free_port() for _ in range(count)])
             return self._endpoint
 
     def _node_environment(self, role: NodeRole | None) -> dict[str, str]:
-        """What a launcher needs to run one node's ranks of a trial over several nodes."""
+        """What a launcher needs to run one node's ranks of a trial over several nodes: the layout, the
+        chief's address and ports, and every TensorFlow worker's address (Keras multi-worker)."""
         if role is None or role.nnodes == 1:
             return {}
         import ray
 
-        if role.chief is None:
-            chief_ip, master_port, core_port = self.endpoint()
-        else:
-            chief_ip, master_port, core_port = ray.get(role.chief.endpoint.remote(), timeout=_CHIEF_WAIT_S)
+        count = 2 + role.per_node
+        others = {rank: peer.endpoint.remote(count) for rank, peer in enumerate(role.peers) if rank != role.node_rank}
+        found = dict(zip(others, ray.get(list(others.values()), timeout=_PEERS_WAIT_S)))
+        found[role.node_rank] = self.endpoint(count)
+        chief_ip, (master_port, core_port, *_) = found[0]
+        workers = [f"{ip}:{port}" for rank in range(role.nnodes) for ip, ports in [found[rank]] for port in ports[2:]]
         return {"DET_NNODES": str(role.nnodes), "DET_NODE_RANK": str(role.node_rank), "DET_CHIEF_IP": chief_ip,
-                "DET_MASTER_PORT": str(master_port), "DET_CORE_PORT": str(core_port), "DET_JOB_ID": role.job_id}
+                "DET_MASTER_PORT": str(master_port), "DET_CORE_PORT": str(core_port), "DET_JOB_ID": role.job_id,
+                TF_WORKERS_ENV: ",".join(workers)}
 
     def run(self, launch: TrialLaunch, model_tar: bytes, entrypoint: Any, run_dir: str, config_text: str,
             token_text: str, role: NodeRole | None = None) -> tuple[int, str]:
@@ -160,7 +177,7 @@ class TrialActor:
                                     extra={STORE_CHANNEL_ENV: token_text, NODE_ID_ENV: node_id,
                                            **self._node_environment(role)})
             if role is None or role.node_rank == 0:  # placed: no longer waiting for resources
-                forwarder.set_status(f"starting on Ray node {ray.util.get_node_ip_address()}")
+                forwarder.set_status(f"starting on Ray node {_node_address(ray)}")
             echo = forwarder.add if role is None or role.nnodes == 1 else _node_lines(forwarder, role.node_rank)
             with self._lock:
                 if self._pending == "KILL" and role is not None and role.nnodes > 1:
