@@ -14,6 +14,7 @@ from determined_trials.config import load_config
 from determined_trials.core import LocalStore
 from determined_trials.experiment._launch import trial_command
 from determined_trials.experiment._ray_executor import DEFAULT_RAY_PARALLEL, RayExecutor, ray_runner_options
+from determined_trials.experiment._ray_files import merge_tensorboard, pack_tensorboard
 from determined_trials.experiment._ray_handle import RayTrialRun
 from determined_trials.experiment._ray_layout import LayoutError, multi_node_launcher, plan_layout
 from determined_trials.experiment._ray_node import pack_folder, probe_marker
@@ -172,3 +173,38 @@ def test_a_preempted_part_waits_for_the_others_and_a_dead_one_wins() -> None:
     assert run.poll() is None and log == []
     refs[1].result = RuntimeError("actor gone")  # ... because node 1's actor died
     assert run.poll() == 1 and "died on node 1 of 2" in run.reason(1)
+
+
+
+def test_tensorboard_files_of_a_node_reach_the_runners_run_folder(tmp_path: Path) -> None:
+    node, runner = tmp_path / "node", tmp_path / "runner"
+    for name in ("trial_3", "trial_3-rank1-staging", "trial_30", "trial_4"):
+        (node / "tensorboard" / "experiment_1" / name).mkdir(parents=True)
+        (node / "tensorboard" / "experiment_1" / name / "events.out").write_bytes(name.encode())
+    archive = pack_tensorboard(node, 1, 3)
+    (runner / "tensorboard" / "experiment_1" / "trial_3").mkdir(parents=True)
+    (runner / "tensorboard" / "experiment_1" / "trial_3" / "events.out").write_bytes(b"trial_3")  # shared already
+    added = merge_tensorboard(archive, runner)
+    assert [p.relative_to(runner).as_posix() for p in added] == [
+        "tensorboard/experiment_1/trial_3-rank1-staging/events.out"]
+    assert sorted(p.parent.name for p in (runner / "tensorboard").rglob("events.out")) == [
+        "trial_3", "trial_3-rank1-staging"]
+    assert pack_tensorboard(node, 1, 5) == b"" and merge_tensorboard(b"", runner) == []
+
+
+def test_an_archive_cannot_write_outside_tensorboard(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name in ("store.sqlite", "tensorboard/../store.sqlite", "tensorboard/ok.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"hi"))
+    assert [p.name for p in merge_tensorboard(buffer.getvalue(), tmp_path)] == ["ok.txt"]
+    assert not (tmp_path / "store.sqlite").exists()
+
+
+def test_the_tensorboard_archive_of_a_part_goes_to_the_runner() -> None:
+    ray, log, got = _FakeRay(), [], []
+    refs = [_FakeRef((0, "", b"tb0")), _FakeRef((0, "", b""))]
+    run = RayTrialRun(ray, [_FakeActor(log, "a0"), _FakeActor(log, "a1")], refs, group=None, on_files=got.append)
+    assert run.poll() == 0 and got == [b"tb0"]

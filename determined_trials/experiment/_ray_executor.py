@@ -18,6 +18,7 @@ from determined_trials.core.store._local import LocalStore
 from determined_trials.experiment._errors import ExperimentError
 from determined_trials.experiment._executor import TrialHandle, TrialJob
 from determined_trials.experiment._launch import trial_command
+from determined_trials.experiment._ray_files import merge_tensorboard
 from determined_trials.experiment._ray_handle import RayTrialRun
 from determined_trials.experiment._ray_layout import Layout, LayoutError, multi_node_launcher, plan_layout
 from determined_trials.experiment._ray_node import NodeRole, TrialActor, pack_folder, probe_marker
@@ -166,7 +167,8 @@ class RayExecutor:
                                  self._channel.token.dumps(),
                                  NodeRole(layout.nnodes, node_rank, job_id, layout.per_node, tuple(actors)))
                 for node_rank, actor in enumerate(actors)]
-        return RayTrialRun(ray, actors, refs, group)
+        run_dir = job.run_dir
+        return RayTrialRun(ray, actors, refs, group, on_files=lambda archive: merge_tensorboard(archive, run_dir))
 
     def _resources(self, layout: Layout, group: Any, node_rank: int) -> dict[str, Any]:
         """The actor options for node ``node_rank``'s part: its slots, in its bundle of the group."""

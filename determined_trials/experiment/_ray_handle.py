@@ -1,11 +1,12 @@
 """``RayTrialRun``: one run of a trial on Ray as the runner sees it (the ``TrialHandle`` protocol), over
 one actor per node it runs on. When one node's part fails or its actor or node dies, the others are
-killed at once, so no rank waits in a collective for a peer that is gone."""
+killed at once, so no rank waits in a collective for a peer that is gone. What each part's ranks wrote
+for TensorBoard on its node comes back with its result (``on_files``)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["DIED_EXIT_CODE", "PREEMPTED_EXIT_CODE", "RayTrialRun"]
@@ -19,9 +20,11 @@ class RayTrialRun:
     """The actors of one trial run (node rank order) and their ``run`` results; ``group``: the placement
     group to remove at the end (or None)."""
 
-    def __init__(self, ray: Any, actors: Sequence[Any], refs: Sequence[Any], group: Any) -> None:
+    def __init__(self, ray: Any, actors: Sequence[Any], refs: Sequence[Any], group: Any,
+                 on_files: Callable[[bytes], object] | None = None) -> None:
         self.terminated = False
         self._ray, self._actors, self._refs, self._group = ray, list(actors), list(refs), group
+        self._on_files = on_files
         self._results: dict[int, tuple[int, str]] = {}
         self._code: int | None = None
         self._reason = ""
@@ -36,8 +39,11 @@ class RayTrialRun:
         for ref in ready:
             index = self._refs.index(ref)
             try:
-                code, reason = self._ray.get(ref)
+                code, reason, *files = self._ray.get(ref)
                 self._results[index] = (int(code), str(reason))
+                if files and files[0] and self._on_files is not None:
+                    with contextlib.suppress(Exception):  # TensorBoard files are a bonus, never a failure
+                        self._on_files(files[0])
             except self._ray.exceptions.RayError as exc:  # the node or the actor's worker died
                 where = f" on node {index} of {len(self._refs)}" if len(self._refs) > 1 else ""
                 self._results[index] = (DIED_EXIT_CODE, f"the trial's Ray actor or its node died{where}: "

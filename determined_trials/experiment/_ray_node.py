@@ -22,6 +22,7 @@ from determined_trials.core.channel._client import STORE_CHANNEL_ENV, RemoteStor
 from determined_trials.core.channel._server import ChannelToken
 from determined_trials.experiment._launch import TrialLaunch, trial_command, trial_environment
 from determined_trials.experiment._process import TrialProcess
+from determined_trials.experiment._ray_files import pack_tensorboard
 from determined_trials.launch._procs import free_port
 from determined_trials.launch._spawn import TF_WORKERS_ENV
 
@@ -157,9 +158,9 @@ class TrialActor:
                 TF_WORKERS_ENV: ",".join(workers)}
 
     def run(self, launch: TrialLaunch, model_tar: bytes, entrypoint: Any, run_dir: str, config_text: str,
-            token_text: str, role: NodeRole | None = None) -> tuple[int, str]:
-        """Run the trial process (this node's part, with ``role``) to its end; its exit status and failure
-        reason."""
+            token_text: str, role: NodeRole | None = None) -> tuple[int, str, bytes]:
+        """Run the trial process (this node's part, with ``role``) to its end; its exit status, failure
+        reason and the TensorBoard files its ranks wrote on this node (``pack_tensorboard``)."""
         import ray  # only ever imported on a Ray worker
 
         node_id = ray.get_runtime_context().get_node_id()
@@ -181,13 +182,14 @@ class TrialActor:
             echo = forwarder.add if role is None or role.nnodes == 1 else _node_lines(forwarder, role.node_rank)
             with self._lock:
                 if self._pending == "KILL" and role is not None and role.nnodes > 1:
-                    return _KILLED_EXIT_CODE, "killed before it started: another node's part of the trial ended"
+                    return _KILLED_EXIT_CODE, "killed before it started: another node's part of the trial ended", b""
                 self._proc = TrialProcess(trial_command(entrypoint), env=env, cwd=work / "model",
                                           log_path=work / "trial.log", prefix="", echo=echo)
                 if self._pending:
                     self._apply(self._pending)
             code = self._wait(self._proc)
-            return code, ("" if code == 0 else self._proc.reason(code))
+            tensorboard = pack_tensorboard(Path(run_dir), launch.experiment_id, launch.trial_id)
+            return code, ("" if code == 0 else self._proc.reason(code)), tensorboard
         finally:
             forwarder.close()
             shutil.rmtree(work, ignore_errors=True)
