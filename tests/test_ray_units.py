@@ -208,3 +208,35 @@ def test_the_tensorboard_archive_of_a_part_goes_to_the_runner() -> None:
     refs = [_FakeRef((0, "", b"tb0")), _FakeRef((0, "", b""))]
     run = RayTrialRun(ray, [_FakeActor(log, "a0"), _FakeActor(log, "a1")], refs, group=None, on_files=got.append)
     assert run.poll() == 0 and got == [b"tb0"]
+
+
+class _Nodes:
+    """``ray.nodes()`` of a cluster with alive nodes of these CPUs."""
+
+    def __init__(self, *cpus: float) -> None:
+        self._cpus = cpus
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [{"Alive": True, "Resources": {"CPU": c}} for c in self._cpus] + [{"Alive": False, "Resources": {"CPU": 64}}]
+
+
+def _executor(tmp_path: Path) -> RayExecutor:
+    (tmp_path / "config.yaml").write_text("{}")
+    return RayExecutor("auto", store=LocalStore(tmp_path / "runs"), model_dir=tmp_path,
+                       config_path=tmp_path / "config.yaml", use_gpus=False)
+
+
+def test_the_executor_plans_a_spread_trial_and_refuses_one_without_a_launcher(tmp_path: Path) -> None:
+    from determined_trials.experiment._ray_executor import RayExecutorError
+
+    spread = {"searcher": {"name": "single", "metric": "loss", "max_length": 1},
+              "resources": {"slots_per_trial": 2, "max_slots_per_node": 1}}
+    launcher = load_config({**spread, "entrypoint": "model_def:MyTrial"})
+    layout = _executor(tmp_path)._plan(_Nodes(2, 1), launcher)
+    assert (layout.nnodes, layout.per_node, layout.strategy) == (2, 1, "STRICT_SPREAD")
+    with pytest.raises(RayExecutorError, match=r"runs on 2 nodes x 1 CPU, .*the entrypoint must be one"):
+        _executor(tmp_path)._plan(_Nodes(2, 1), load_config({**spread, "entrypoint": "python3 train.py"}))
+    fits = load_config({**spread, "entrypoint": "python3 train.py", "resources": {"slots_per_trial": 2}})
+    assert _executor(tmp_path)._plan(_Nodes(2, 1), fits).nnodes == 1  # one node: any entrypoint
+    with pytest.raises(RayExecutorError, match=r"slots_per_trial is 4 but the Ray cluster offers 3 CPUs in total"):
+        _executor(tmp_path)._plan(_Nodes(2, 1), load_config({**spread, "resources": {"slots_per_trial": 4}}))
