@@ -13,6 +13,14 @@ Usage: python benchmarks/ray_executor.py [--rounds 7] [--trials 3] [--writers 8]
   baseline); rows/s = all rows / (last writer done - first writer started). Per round, both modes
   (order alternating); the ratio is channel rows/s over direct rows/s.
 
+- ``multinode``: submit to first batch of a 2-slot PyTorchTrial (``launch.torch_distributed``, gloo)
+  spread over two Ray nodes (``resources.max_slots_per_node: 1``: one actor and one torchrun per node,
+  joined by torchrun's multi-node rendezvous) against the same trial on one node (one actor, one
+  torchrun with two processes), on a two-node Ray cluster started on this machine
+  (``ray.cluster_utils.Cluster``: head 2 CPUs, second node 1 CPU); the first batch is the first
+  training-metric row (``scheduling_unit: 1``). Per round one trial each (order alternating); the
+  ratio is spread over one node.
+
 Printed: each round's numbers, then the median of the per-round ratios. Run on a shared, busy
 machine the numbers are noisy.
 """
@@ -61,6 +69,83 @@ def _overhead_ms(executor: str, trials: int, folder: Path) -> float:
         first = store.metrics(trial.id, "training")[0]
         waits.append((first.reported_time - trial.start_time).total_seconds() * 1000)
     return statistics.median(waits)
+
+
+_TORCH_TRIAL = """
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from determined_trials import pytorch
+
+
+class Tiny(pytorch.PyTorchTrial):
+    def __init__(self, context):
+        self.context = context
+        self.model = context.wrap_model(nn.Linear(4, 1))
+        self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.05))
+
+    def _data(self, size):
+        x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+        return pytorch.DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=size)
+
+    def build_training_data_loader(self):
+        return self._data(self.context.get_per_slot_batch_size())
+
+    def build_validation_data_loader(self):
+        return self._data(8)
+
+    def train_batch(self, batch, epoch_idx, batch_idx):
+        loss = nn.functional.mse_loss(self.model(batch[0]), batch[1])
+        self.context.backward(loss)
+        self.context.step_optimizer(self.optimizer)
+        return {"loss": loss}
+
+    def evaluate_batch(self, batch):
+        return {"validation_loss": nn.functional.mse_loss(self.model(batch[0]), batch[1])}
+"""
+
+
+def _multinode_ms(spread: bool, folder: Path, address: str) -> float:
+    """Submit-to-first-batch of one 2-slot trial, spread over two nodes or on one, in ms."""
+    from determined_trials.core import LocalStore
+    from determined_trials.experiment import Display, create_experiment
+
+    ctx = folder / "ctx"
+    ctx.mkdir(parents=True, exist_ok=True)
+    (ctx / "tiny.py").write_text(_TORCH_TRIAL)
+    config = {"entrypoint": "python3 -m determined_trials.launch.torch_distributed --trial tiny.py:Tiny",
+              "hyperparameters": {"global_batch_size": 8}, "scheduling_unit": 1,
+              "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": 2}},
+              "resources": {"slots_per_trial": 2, "max_slots_per_node": 1 if spread else 2}}
+    run_dir = folder / ("spread" if spread else "one")
+    result = create_experiment(config, ctx, run_dir=run_dir, display=Display(progress=False), ray=address)
+    assert result.state == "COMPLETED", result
+    store = LocalStore(run_dir)
+    (trial,) = store.trials(result.experiment_id)
+    first = store.metrics(trial.id, "training")[0]
+    return (first.reported_time - trial.start_time).total_seconds() * 1000
+
+
+def _measure_multinode(rounds: int) -> None:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ratios = []
+        for rnd in range(rounds):
+            order = [False, True] if rnd % 2 == 0 else [True, False]
+            with tempfile.TemporaryDirectory() as tmp:  # each experiment connects to the cluster and leaves
+                ms = {spread: _multinode_ms(spread, Path(tmp), cluster.address) for spread in order}
+            ratios.append(ms[True] / ms[False])
+            print(f"round {rnd + 1}: 2-slot trial submit->first batch one node {ms[False]:.0f} ms, two nodes "
+                  f"{ms[True]:.0f} ms, ratio {ratios[-1]:.2f}x", flush=True)
+    finally:
+        cluster.shutdown()
+    print(f"multi-node start-up, two nodes / one node (2 slots): median of {rounds} round ratios "
+          f"{statistics.median(ratios):.2f}x")
 
 
 def _writer(address: str | None, run_dir: str, trial_id: int, rows: int, barrier: Any, out: Any) -> None:
@@ -125,6 +210,7 @@ def _measure(args: argparse.Namespace) -> None:
                   f"{rate[True]:.0f} rows/s, ratio {channel[-1]:.2f}x", flush=True)
     finally:
         ray.shutdown()
+    _measure_multinode(args.rounds)
     print(f"runner overhead per trial, ray / local: median of {args.rounds} round ratios "
           f"{statistics.median(overhead):.2f}x")
     print(f"store channel throughput, channel / direct SQLite ({args.writers} writers): median of {args.rounds} "

@@ -1,5 +1,5 @@
-"""A real two-node Ray cluster on 127.0.0.1 for the Ray executor tests: a head (2 CPUs) and a second
-node (1 CPU), ports picked at run time, a fresh temp folder; stopped by process group, nothing left behind.
+"""A real two-node Ray cluster on 127.0.0.1 for the Ray executor tests: a head (2 CPUs, or
+``head_cpus``) and a second node (1 CPU), ports picked at run time, a fresh temp folder; stopped by process group, nothing left behind.
 The second node may see a private tmpfs over one folder (a mount namespace), to stand for a machine
 that does not share that folder."""
 
@@ -55,7 +55,8 @@ def _node_args(ports: list[int], cpus: int) -> list[str]:
 class LocalRayCluster:
     """``start()`` a head and a second node; ``address`` for ``ray.init``/``--ray``; ``stop()``."""
 
-    def __init__(self, hidden_on_second_node: Path | None = None) -> None:
+    def __init__(self, hidden_on_second_node: Path | None = None, head_cpus: int = 2) -> None:
+        self.head_cpus = head_cpus
         self.temp = Path(tempfile.mkdtemp(prefix="detray-", dir="/tmp"))  # short: Ray's socket paths
         self.hidden = hidden_on_second_node
         self.port = _free_ports(1)[0]
@@ -77,7 +78,7 @@ class LocalRayCluster:
         client_port, dashboard_port = _free_ports(2)  # Ray's dashboard process runs even without the UI
         head = [_RAY, "start", "--head", f"--port={self.port}", "--include-dashboard=false",
                 f"--dashboard-port={dashboard_port}", f"--temp-dir={self.temp}",
-                f"--ray-client-server-port={client_port}", *_node_args(_free_ports(16), 2)]
+                f"--ray-client-server-port={client_port}", *_node_args(_free_ports(16), self.head_cpus)]
         self._spawn(head, "head.log")
         second = [_RAY, "start", f"--address={self.address}", *_node_args(_free_ports(16), 1)]
         if self.hidden is not None:

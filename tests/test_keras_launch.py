@@ -150,3 +150,30 @@ def test_iris_example_runs_through_experiment_create(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "COMPLETED" in out.stdout and "val_accuracy" in out.stdout
     assert list((tmp_path / "run").rglob("model.keras"))
+
+
+def test_one_node_of_several_spawns_its_workers_with_global_ranks(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from determined_trials.config import load_config
+    from determined_trials.launch import _args
+    from determined_trials.launch._spawn import rank_environment
+    from determined_trials.launch.tensorflow import build_command
+
+    config = load_config(_config(tmp_path, "four.yaml", 4, 2))
+    layout = {"DET_NNODES": "2", "DET_NODE_RANK": "1", "DET_CHIEF_IP": "10.0.0.5"}
+    for name, value in layout.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(_args.LaunchError, match="DET_TF_WORKERS to the 4 workers' host:port"):
+        build_command(_args.parse(["--trial", "m.py:T"], engine="tensorflow"), config)
+    workers = "10.0.0.5:1,10.0.0.5:2,10.0.0.6:1,10.0.0.6:2"
+    monkeypatch.setenv("DET_TF_WORKERS", workers)
+    cmd, env = build_command(_args.parse(["--trial", "m.py:T"], engine="tensorflow"), config)
+    assert cmd[cmd.index("determined_trials.launch._spawn") + 1] == "2"  # this node's two workers
+    assert "DET_CHIEF_IP" not in env and "DET_JOB_ID" not in env  # shared by every node: from outside
+    second = rank_environment(1, 2, {**layout, "DET_TF_WORKERS": workers})
+    assert (second["RANK"], second["WORLD_SIZE"], second["LOCAL_RANK"], second["GROUP_RANK"]) == ("3", "4", "1", "1")
+    assert json.loads(second["TF_CONFIG"])["task"] == {"type": "worker", "index": 3}
+    alone = rank_environment(1, 2, {})
+    assert (alone["RANK"], alone["WORLD_SIZE"], alone["GROUP_WORLD_SIZE"]) == ("1", "2", "1")

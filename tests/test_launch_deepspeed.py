@@ -149,3 +149,23 @@ def test_deepspeeds_launcher_logs_warnings_only_unless_asked(tmp_path: Path, mon
     monkeypatch.setenv("DET_DEEPSPEED_LOG_LEVEL", "loud")
     with pytest.raises(_args.LaunchError, match="DET_DEEPSPEED_LOG_LEVEL='loud' is not a log level"):
         build_command(_args.parse(["--trial", "m.py:T"], engine="deepspeed"), two)
+
+
+def test_one_node_of_several_runs_its_ranks_with_torchruns_multi_node_rendezvous(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from determined_trials.config import load_config
+    from determined_trials.launch import _args
+    from determined_trials.launch.deepspeed import build_command
+
+    for name, value in {"DET_NNODES": "2", "DET_NODE_RANK": "1", "DET_CHIEF_IP": "10.0.0.5",
+                        "DET_MASTER_PORT": "29400"}.items():
+        monkeypatch.setenv(name, value)
+    two = load_config(_config(tmp_path, "two.yaml"))
+    cmd, env = build_command(_args.parse(["--trial", "m.py:T"], engine="deepspeed"), two)
+    assert "deepspeed.launcher.runner" not in cmd and "torch.distributed.run" in cmd
+    torchrun = " ".join(cmd[:cmd.index("--no-python")])
+    assert "--nnodes 2 --node_rank 1 --nproc_per_node 1" in torchrun
+    assert "--master_addr 10.0.0.5 --master_port 29400" in torchrun
+    assert env["USE_DEEPSPEED"] == "1" and env["DET_CHIEF_IP"] == "10.0.0.5"
+    with pytest.raises(_args.LaunchError, match="do not apply"):
+        build_command(_args.parse(["--num_gpus", "2", "--", "--trial", "m.py:T"], engine="deepspeed"), two)

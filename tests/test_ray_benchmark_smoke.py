@@ -1,4 +1,4 @@
-"""Smoke test of ``benchmarks/ray_executor.py --quick``: it runs end to end and prints both ratio lines
+"""Smoke test of ``benchmarks/ray_executor.py --quick``: it runs end to end and prints its three ratio lines
 (no timing checks)."""
 
 from __future__ import annotations
@@ -24,5 +24,8 @@ def test_ray_benchmark_quick_run_prints_the_ratios() -> None:
     out = proc.stdout
     assert re.search(r"^round 1: submit->first batch local \d+ ms, ray \d+ ms", out, re.MULTILINE), out
     assert re.search(r"^runner overhead per trial, ray / local: median of 1 round ratios \d+\.\d+x$", out, re.M), out
+    assert re.search(r"^round 1: 2-slot trial submit->first batch one node \d+ ms, two nodes \d+ ms", out, re.M), out
+    assert re.search(r"^multi-node start-up, two nodes / one node \(2 slots\): median of 1 round ratios \d+\.\d+x$",
+                     out, re.MULTILINE), out
     assert re.search(r"^store channel throughput, channel / direct SQLite \(2 writers\): median of 1 round ratios "
                      r"\d+\.\d+x$", out, re.MULTILINE), out

@@ -164,7 +164,7 @@ def test_pause_and_continue_on_ray(cluster: LocalRayCluster, tmp_path: Path) -> 
     assert final_states(store, 1)[1]["step"] == 10
 
 
-def test_a_multi_slot_trial_gets_one_node_and_too_many_slots_are_refused(
+def test_a_multi_slot_trial_gets_one_node_and_slots_no_even_split_holds_are_refused(
         cluster: LocalRayCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     head = cluster.node_ids()[0]
     config, ctx = _context(tmp_path / "two", {}, resources={"slots_per_trial": 2},
@@ -175,7 +175,9 @@ def test_a_multi_slot_trial_gets_one_node_and_too_many_slots_are_refused(
     capsys.readouterr()
     config, ctx = _context(tmp_path / "three", {}, resources={"slots_per_trial": 3})
     assert create(tmp_path / "three" / "runs", config, ctx, "--ray", cluster.address) == 2
-    assert "slots_per_trial is 3 but no Ray node has 3 CPUs (the largest has 2)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "slots_per_trial is 3 but the Ray cluster offers 3 CPUs in total over 2 node(s) (CPUs per node: 2, 1)" in err
+    assert "split evenly over the nodes" in err
     assert LocalStore(tmp_path / "three" / "runs").trials(1) == []
 
 

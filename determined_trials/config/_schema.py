@@ -72,6 +72,11 @@ class Resources(StrictModel):
     max_slots: int | None = Field(
         default=None, ge=1, description="slots the experiment uses at once: runs `max_slots // slots_per_trial` "
                                         "trials at once (unless `--max-parallel` says otherwise)")
+    max_slots_per_node: int | None = Field(
+        default=None, ge=1, description="with `--ray`: at most this many of a trial's slots on one Ray node. A "
+                                        "trial whose slots do not fit one node (or this cap) is split evenly "
+                                        "over several nodes, one launcher per node, e.g. `max_slots_per_node: 8`"
+                                        " (default: a node's CPUs, or GPUs); ignored by the local executor")
     resource_pool: str | None = Field(default=None, description="ignored locally")
     priority: int | None = Field(default=None, description="ignored locally")
     shm_size: Annotated[int | str | None, BeforeValidator(_shm_size)] = Field(

@@ -1,6 +1,6 @@
-"""``RayExecutor``: trials as Ray actors on any node of a Ray cluster, each with its slots (CPUs or
-GPUs; a multi-slot trial in one placement group packed on one node), reporting to the runner's store
-over the store channel. Ray is imported only when an experiment runs with ``--ray``."""
+"""``RayExecutor``: trials as Ray actors on a Ray cluster, each with its slots (CPUs or GPUs; a
+multi-slot trial in one placement group, packed on one node when it fits, else one actor per node of an
+even split), reporting to the runner's store over the store channel. Ray is imported only for ``--ray``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import secrets
 import signal
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,15 @@ from determined_trials.core.channel._server import StoreChannelServer
 from determined_trials.core.store._local import LocalStore
 from determined_trials.experiment._errors import ExperimentError
 from determined_trials.experiment._executor import TrialHandle, TrialJob
-from determined_trials.experiment._ray_node import TrialActor, pack_folder, probe_marker
+from determined_trials.experiment._launch import trial_command
+from determined_trials.experiment._ray_files import merge_tensorboard
+from determined_trials.experiment._ray_handle import RayTrialRun
+from determined_trials.experiment._ray_layout import Layout, LayoutError, multi_node_launcher, plan_layout
+from determined_trials.experiment._ray_node import NodeRole, TrialActor, pack_folder, probe_marker
 
 __all__ = ["DEFAULT_RAY_PARALLEL", "RayExecutor", "RayExecutorError", "ray_runner_options"]
 
 DEFAULT_RAY_PARALLEL = 16  # trials in flight when nothing bounds them (Ray queues what does not fit)
-_DIED_EXIT_CODE = 1
-_KILL_WAIT_S = 10.0
 _PROBE_TIMEOUT_S = 120.0
 
 
@@ -52,57 +55,6 @@ def _keeping_stop_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-class _RayTrial:
-    """A trial running in a Ray actor, as the runner sees it (the ``TrialHandle`` protocol)."""
-
-    def __init__(self, ray: Any, actor: Any, ref: Any, group: Any) -> None:
-        self.terminated = False
-        self._ray, self._actor, self._ref, self._group = ray, actor, ref, group
-        self._code: int | None = None
-        self._reason = ""
-
-    def poll(self) -> int | None:
-        if self._code is None:
-            ready, _ = self._ray.wait([self._ref], timeout=0)
-            if ready:
-                self._collect()
-        return self._code
-
-    def wait(self, timeout: float | None = None) -> int:
-        ready, _ = self._ray.wait([self._ref], timeout=timeout)
-        if not ready:
-            raise TimeoutError(f"the trial's Ray actor did not end within {timeout} s")
-        self._collect()
-        assert self._code is not None
-        return self._code
-
-    def _collect(self) -> None:
-        if self._code is not None:
-            return
-        try:
-            self._code, self._reason = self._ray.get(self._ref)
-        except self._ray.exceptions.RayError as exc:  # the node or the actor's worker died
-            self._code = _DIED_EXIT_CODE
-            self._reason = f"the trial's Ray actor or its node died: {type(exc).__name__}: {exc}"
-        self._ray.kill(self._actor)
-        if self._group is not None:
-            self._ray.util.remove_placement_group(self._group)
-
-    def terminate(self) -> None:
-        if not self.terminated:
-            self.terminated = True
-            self._actor.signal.remote("TERM")
-
-    def kill(self) -> None:
-        """SIGKILL to the trial's processes, then end the actor (also one Ray has not placed yet)."""
-        with contextlib.suppress(Exception):
-            self._ray.get(self._actor.signal.remote("KILL"), timeout=_KILL_WAIT_S)
-        self._ray.kill(self._actor)
-
-    def reason(self, code: int) -> str:
-        return self._reason or f"trial process failed (exit code {code})"
-
-
 class RayExecutor:
     """Runs each trial as a Ray actor; ``address``: ``auto``, ``ray://host:port``, or None (a Ray
     started on this machine). ``use_gpus``: slots are GPUs (default: when the cluster has any)."""
@@ -120,6 +72,7 @@ class RayExecutor:
         self._model_ref: Any = None
         self._actor_class: Any = None
         self._jobs: dict[int, TrialJob] = {}
+        self._layout = Layout(1, 1)
         self._log_lock = threading.Lock()
 
     # -- set-up -----------------------------------------------------------------------------------
@@ -129,7 +82,7 @@ class RayExecutor:
         self._actor_class = ray.remote(TrialActor)
         if self._use_gpus is None:
             self._use_gpus = ray.cluster_resources().get("GPU", 0) > 0
-        self._check_fits(ray, config.resources.slots_per_trial)
+        self._layout = self._plan(ray, config)
         self._check_storage(ray, storage)
         host = ray.util.get_node_ip_address()
         self._channel = StoreChannelServer(self._store, host=host, bind=self._bind, log_sink=self._on_log)
@@ -151,16 +104,25 @@ class RayExecutor:
         self._started_ray = True
         return ray
 
-    def _check_fits(self, ray: Any, slots: int) -> None:
-        """Some alive node must hold a trial's slots (one placement group on one node), else Ray would
-        queue the trials for ever."""
+    def _plan(self, ray: Any, config: Any) -> Layout:
+        """Where a trial's slots go on the alive nodes; refuse (before any trial runs) what the cluster
+        cannot hold, else Ray would queue the trials for ever, and a spread trial without a launcher."""
         kind = "GPU" if self._use_gpus else "CPU"
         sizes = [n.get("Resources", {}).get(kind, 0) for n in ray.nodes() if n.get("Alive")]
-        if max(sizes, default=0) < slots:
+        try:
+            layout = plan_layout(config.resources.slots_per_trial, sizes, kind=kind,
+                                 max_per_node=config.resources.max_slots_per_node)
+        except LayoutError as exc:
+            raise RayExecutorError(f"{exc} (one trial over several machines: docs/ray.md)") from None
+        command = trial_command(config.entrypoint) if config.entrypoint else []
+        if layout.nnodes > 1 and multi_node_launcher(command) is None:
             raise RayExecutorError(
-                f"resources.slots_per_trial is {slots} but no Ray node has {slots} {kind}s (the largest has "
-                f"{max(sizes, default=0):g}); a trial's slots must fit on one node: lower slots_per_trial or add "
-                "a larger node (one trial over several machines: docs/ray.md)")
+                f"resources.slots_per_trial is {layout.slots}: the trial runs on {layout.describe()}, and on "
+                "every node a launcher starts that node's ranks; the entrypoint must be one "
+                "(`python3 -m determined_trials.launch.torch_distributed --trial model_def:MyTrial`, or "
+                "launch.deepspeed, launch.tensorflow), not "
+                f"{config.entrypoint!r}; or raise resources.max_slots_per_node so that the trial fits one node")
+        return layout
 
     def _check_storage(self, ray: Any, storage: Any) -> None:
         """A directory store must be the same folder on every alive node: each node reads a marker."""
@@ -188,26 +150,36 @@ class RayExecutor:
 
     # -- trials -----------------------------------------------------------------------------------
     def start(self, job: TrialJob) -> TrialHandle:
-        """Ask Ray for the trial's slots and start its actor there."""
+        """Ask Ray for the trial's slots (one placement group) and start its actor on each node there."""
         ray = _ray()
         assert self._channel is not None, "prepare() first"
         self._jobs[job.launch.trial_id] = job
-        options, group = self._resources(ray, job.slots)
-        actor = self._actor_class.options(max_concurrency=4, max_restarts=0, **options).remote()
-        ref = actor.run.remote(job.launch, self._model_ref, job.entrypoint, str(job.run_dir), self._config_text,
-                               self._channel.token.dumps())
-        return _RayTrial(ray, actor, ref, group)
+        layout = self._layout if job.slots == self._layout.slots else Layout(1, job.slots, self._layout.kind)
+        self._store.set_trial_status(job.launch.trial_id, f"waiting for Ray to place it ({layout.describe()})")
+        group = None
+        if layout.slots > 1:
+            group = ray.util.placement_group(layout.bundles(), strategy=layout.strategy)
+        job_id = f"trial-{job.launch.experiment_id}.{job.launch.trial_id}.{job.launch.run_id}-{uuid.uuid4().hex[:12]}"
+        actors = [self._actor_class.options(max_concurrency=4, max_restarts=0,
+                                            **self._resources(layout, group, node_rank)).remote()
+                  for node_rank in range(layout.nnodes)]
+        refs = [actor.run.remote(job.launch, self._model_ref, job.entrypoint, str(job.run_dir), self._config_text,
+                                 self._channel.token.dumps(),
+                                 NodeRole(layout.nnodes, node_rank, job_id, layout.per_node, tuple(actors)))
+                for node_rank, actor in enumerate(actors)]
+        run_dir = job.run_dir
+        return RayTrialRun(ray, actors, refs, group, on_files=lambda archive: merge_tensorboard(archive, run_dir))
 
-    def _resources(self, ray: Any, slots: int) -> tuple[dict[str, Any], Any]:
-        kind = "GPU" if self._use_gpus else "CPU"
-        need = {"num_gpus": slots, "num_cpus": 0} if self._use_gpus else {"num_cpus": slots}
-        if slots == 1:
-            return need, None
+    def _resources(self, layout: Layout, group: Any, node_rank: int) -> dict[str, Any]:
+        """The actor options for node ``node_rank``'s part: its slots, in its bundle of the group."""
+        slots = layout.per_node
+        need: dict[str, Any] = {"num_gpus": slots, "num_cpus": 0} if self._use_gpus else {"num_cpus": slots}
+        if group is None:
+            return need
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        group = ray.util.placement_group([{kind: float(slots)}], strategy="STRICT_PACK")
-        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
-        return {**need, "scheduling_strategy": strategy}, group
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=node_rank)
+        return {**need, "scheduling_strategy": strategy}
 
     def _on_log(self, trial_id: int, lines: list[str]) -> None:
         job = self._jobs.get(trial_id)

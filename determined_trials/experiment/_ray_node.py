@@ -1,9 +1,12 @@
 """What runs on a Ray node for one trial: ``TrialActor`` unpacks the experiment's model folder, starts
-the trial process there and forwards its output to the runner over the store channel. No ray import:
-the executor wraps the class with ``ray.remote``."""
+the trial process there (for a trial over several nodes: that node's launcher, told the node count, its
+node rank and the chief's address) and forwards its output to the runner over the store channel. No
+ray import at module level: the executor wraps the class with ``ray.remote``."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import io
 import shutil
 import tarfile
@@ -13,16 +16,36 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from determined_trials.core.channel._client import STORE_CHANNEL_ENV, RemoteStore
 from determined_trials.core.channel._server import ChannelToken
 from determined_trials.experiment._launch import TrialLaunch, trial_command, trial_environment
 from determined_trials.experiment._process import TrialProcess
+from determined_trials.experiment._ray_files import pack_tensorboard
+from determined_trials.launch._procs import free_port
+from determined_trials.launch._spawn import TF_WORKERS_ENV
 
-__all__ = ["NODE_ID_ENV", "TrialActor", "pack_folder", "probe_marker"]
+__all__ = ["NODE_ID_ENV", "NodeRole", "TrialActor", "pack_folder", "probe_marker"]
 
 NODE_ID_ENV = "DET_RAY_NODE_ID"
 _FLUSH_S = 0.2
 _POLL_S = 0.1
+_PEERS_WAIT_S = 300.0  # how long a node waits for the other nodes' actors to say their addresses
+_KILL_REAP_S = 5.0
+_KILLED_EXIT_CODE = 137
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRole:
+    """This node's part of a trial over ``nnodes`` nodes of ``per_node`` slots; ``peers``: every node's
+    actor, in node rank order."""
+
+    nnodes: int
+    node_rank: int
+    job_id: str
+    per_node: int = 1
+    peers: tuple[Any, ...] = ()
 
 
 def pack_folder(folder: Path) -> bytes:
@@ -47,6 +70,7 @@ class _LogForwarder:
     def __init__(self, store: RemoteStore, trial_id: int) -> None:
         self._store, self._trial_id = store, trial_id
         self._lines: list[str] = []
+        self._status: str | None = None
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -56,9 +80,17 @@ class _LogForwarder:
         with self._lock:
             self._lines.append(line)
 
+    def set_status(self, status: str) -> None:
+        """Set the trial's status line (what `trial list` shows) with the next batch of lines."""
+        with self._lock:
+            self._status = status
+
     def _flush(self) -> None:
         with self._lock:
             lines, self._lines = self._lines, []
+            status, self._status = self._status, None
+        if status:
+            self._store.set_trial_status(self._trial_id, status)
         if lines:
             self._store.send_log(self._trial_id, lines)
 
@@ -73,6 +105,22 @@ class _LogForwarder:
         self._store.close()
 
 
+def _node_address(ray: Any) -> str:
+    """The address this Ray node registered with (``ray start --node-ip-address``), which its peers use."""
+    node_id = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id and node.get("NodeManagerAddress"):
+            return str(node["NodeManagerAddress"])
+    return str(ray.util.get_node_ip_address())
+
+
+def _node_lines(forwarder: _LogForwarder, node_rank: int) -> Any:
+    """An echo that marks a node's launcher lines (the ranks' own lines say ``[rank=R]`` already)."""
+    def echo(line: str) -> None:
+        forwarder.add(line if line.startswith("[rank=") else f"[node={node_rank}] {line}")
+    return echo
+
+
 class TrialActor:
     """One run of one trial on a Ray node; ``signal`` may be called while ``run`` runs."""
 
@@ -80,10 +128,39 @@ class TrialActor:
         self._proc: TrialProcess | None = None
         self._pending: str | None = None
         self._lock = threading.Lock()
+        self._endpoint: tuple[str, list[int]] | None = None
+
+    def endpoint(self, count: int) -> tuple[str, list[int]]:
+        """This node's address and ``count`` free ports (picked once): torch's rendezvous, our
+        collectives, then one per TensorFlow worker of this node."""
+        import ray
+
+        with self._lock:
+            if self._endpoint is None:
+                self._endpoint = (_node_address(ray), [free_port() for _ in range(count)])
+            return self._endpoint
+
+    def _node_environment(self, role: NodeRole | None) -> dict[str, str]:
+        """What a launcher needs to run one node's ranks of a trial over several nodes: the layout, the
+        chief's address and ports, and every TensorFlow worker's address (Keras multi-worker)."""
+        if role is None or role.nnodes == 1:
+            return {}
+        import ray
+
+        count = 2 + role.per_node
+        others = {rank: peer.endpoint.remote(count) for rank, peer in enumerate(role.peers) if rank != role.node_rank}
+        found = dict(zip(others, ray.get(list(others.values()), timeout=_PEERS_WAIT_S)))
+        found[role.node_rank] = self.endpoint(count)
+        chief_ip, (master_port, core_port, *_) = found[0]
+        workers = [f"{ip}:{port}" for rank in range(role.nnodes) for ip, ports in [found[rank]] for port in ports[2:]]
+        return {"DET_NNODES": str(role.nnodes), "DET_NODE_RANK": str(role.node_rank), "DET_CHIEF_IP": chief_ip,
+                "DET_MASTER_PORT": str(master_port), "DET_CORE_PORT": str(core_port), "DET_JOB_ID": role.job_id,
+                TF_WORKERS_ENV: ",".join(workers)}
 
     def run(self, launch: TrialLaunch, model_tar: bytes, entrypoint: Any, run_dir: str, config_text: str,
-            token_text: str) -> tuple[int, str]:
-        """Run the trial process to its end; its exit status and failure reason."""
+            token_text: str, role: NodeRole | None = None) -> tuple[int, str, bytes]:
+        """Run the trial process (this node's part, with ``role``) to its end; its exit status, failure
+        reason and the TensorBoard files its ranks wrote on this node (``pack_tensorboard``)."""
         import ray  # only ever imported on a Ray worker
 
         node_id = ray.get_runtime_context().get_node_id()
@@ -98,14 +175,21 @@ class TrialActor:
             (work / "config.yaml").write_text(config_text)
             env = trial_environment(launch, run_dir=Path(run_dir), info_path=work / "cluster_info.json",
                                     config_path=work / "config.yaml",
-                                    extra={STORE_CHANNEL_ENV: token_text, NODE_ID_ENV: node_id})
+                                    extra={STORE_CHANNEL_ENV: token_text, NODE_ID_ENV: node_id,
+                                           **self._node_environment(role)})
+            if role is None or role.node_rank == 0:  # placed: no longer waiting for resources
+                forwarder.set_status(f"starting on Ray node {_node_address(ray)}")
+            echo = forwarder.add if role is None or role.nnodes == 1 else _node_lines(forwarder, role.node_rank)
             with self._lock:
+                if self._pending == "KILL" and role is not None and role.nnodes > 1:
+                    return _KILLED_EXIT_CODE, "killed before it started: another node's part of the trial ended", b""
                 self._proc = TrialProcess(trial_command(entrypoint), env=env, cwd=work / "model",
-                                          log_path=work / "trial.log", prefix="", echo=forwarder.add)
+                                          log_path=work / "trial.log", prefix="", echo=echo)
                 if self._pending:
                     self._apply(self._pending)
             code = self._wait(self._proc)
-            return code, ("" if code == 0 else self._proc.reason(code))
+            tensorboard = pack_tensorboard(Path(run_dir), launch.experiment_id, launch.trial_id)
+            return code, ("" if code == 0 else self._proc.reason(code)), tensorboard
         finally:
             forwarder.close()
             shutil.rmtree(work, ignore_errors=True)
@@ -130,6 +214,24 @@ class TrialActor:
             self._proc.kill()
         else:
             self._proc.terminate()
+
+    def kill_now(self) -> None:
+        """SIGKILL the trial process and everything below it (its launcher adopts its orphans), and
+        wait a little for them: a peer node failed, so the ranks here would wait for it in vain."""
+        with self._lock:
+            self._pending = "KILL"
+            proc = self._proc
+        if proc is None:
+            return
+        try:
+            root = psutil.Process(proc.pid)
+            victims = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        for victim in victims:
+            with contextlib.suppress(psutil.Error):
+                victim.kill()
+        psutil.wait_procs(victims, timeout=_KILL_REAP_S)
 
     def pid(self) -> int | None:
         """The trial process's id (its process group), once started."""

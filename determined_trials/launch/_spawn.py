@@ -1,7 +1,7 @@
 """``python -m determined_trials.launch._spawn N -- CMD...``: start CMD once per rank 0..N-1 on this machine
-(the part torchrun plays for torch), each with RANK/WORLD_SIZE/LOCAL_RANK... and, when
-``$DET_TF_WORKERS`` lists the workers' addresses, its own ``TF_CONFIG``. Exits with the first failing
-rank's status (0 when all succeed); the children die with it."""
+(the part torchrun plays for torch), each with RANK/WORLD_SIZE/LOCAL_RANK... (this node's ranks when
+``$DET_NNODES`` > 1) and, when ``$DET_TF_WORKERS`` lists the workers' addresses, its own ``TF_CONFIG``.
+Exits with the first failing rank's status (0 when all succeed); the children die with it."""
 
 from __future__ import annotations
 
@@ -19,11 +19,16 @@ __all__ = ["TF_WORKERS_ENV", "main", "rank_environment"]
 TF_WORKERS_ENV = "DET_TF_WORKERS"
 
 
-def rank_environment(rank: int, size: int, base: dict[str, str]) -> dict[str, str]:
-    """``base`` plus the layout variables of ``rank`` (one machine) and its TF_CONFIG."""
+def rank_environment(local_rank: int, size: int, base: dict[str, str]) -> dict[str, str]:
+    """``base`` plus the layout variables of the ``local_rank``-th of this machine's ``size`` processes and
+    its TF_CONFIG. With ``DET_NNODES``/``DET_NODE_RANK`` in ``base`` this machine is one node of several,
+    each running ``size`` processes: global rank = node rank x size + local rank."""
     env = dict(base)
-    env.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size),
-               GROUP_RANK="0", GROUP_WORLD_SIZE="1")
+    nnodes = int(env.get("DET_NNODES", "") or 1)
+    node_rank = int(env.get("DET_NODE_RANK", "") or 0) if nnodes > 1 else 0
+    rank = node_rank * size + local_rank
+    env.update(RANK=str(rank), WORLD_SIZE=str(size * nnodes), LOCAL_RANK=str(local_rank),
+               LOCAL_WORLD_SIZE=str(size), GROUP_RANK=str(node_rank), GROUP_WORLD_SIZE=str(nnodes))
     workers = [w for w in env.get(TF_WORKERS_ENV, "").split(",") if w]
     if workers:
         env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})

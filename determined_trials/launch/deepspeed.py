@@ -6,9 +6,11 @@ OPTIONS are those of ``torch_distributed`` (``--config``, ``--context-dir``, ``-
 ``resources.slots_per_trial``, a free ``--master_port`` on 127.0.0.1, ``--log_level warning`` unless
 ``$DET_DEEPSPEED_LOG_LEVEL`` names another, ``--no_python --no_local_rank``), so they win; give ``--hostfile
 FILE`` (and ``--master_addr``) for several machines, which DeepSpeed reaches over ssh (only the local ranks
-are supervised then). Every rank runs under ``wrap_rank``; a ``--trial`` on one slot runs without DeepSpeed's
-launcher. Exit status as for ``torch_distributed``: 0, the failing rank's code, 75 after a preemption, 2 for a
-usage, config or spec problem.
+are supervised then); without a hostfile, ``$DET_NNODES`` > 1 (as for ``torch_distributed``: this node's
+``DET_NODE_RANK``, ``DET_CHIEF_IP``, ``DET_MASTER_PORT``, ``DET_CORE_PORT``, ``DET_JOB_ID``) runs this
+node's ranks with torchrun's multi-node rendezvous instead, which DeepSpeed joins. Every rank runs under
+``wrap_rank``; a ``--trial`` on one slot runs without DeepSpeed's launcher. Exit status as for
+``torch_distributed``: 0, the failing rank's code, 75 after a preemption, 2 for a usage, config or spec problem.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from determined_trials.launch import _args
+from determined_trials.launch import _args, torch_distributed
 from determined_trials.launch._procs import free_port
 from determined_trials.launch.torch_distributed import _worker_command, run_launcher
 
@@ -44,6 +46,14 @@ def _slots(config: Any) -> int:
     return int(config.resources.slots_per_trial) if config is not None else 1
 
 
+def _nnodes() -> int:
+    raw = os.environ.get("DET_NNODES", "").strip() or "1"
+    try:
+        return int(raw)
+    except ValueError:
+        raise _args.LaunchError(f"environment variable DET_NNODES={raw!r} is not an integer") from None
+
+
 def build_command(args: _args.LaunchArgs, config: Any) -> tuple[list[str], dict[str, str]]:
     """The command to supervise and the environment additions (launch folder excluded)."""
     wrapped = [sys.executable, "-m", "determined_trials.launch.wrap_rank"]
@@ -52,6 +62,14 @@ def build_command(args: _args.LaunchArgs, config: Any) -> tuple[list[str], dict[
     if args.trial is not None and slots == 1 and not args.overrides:
         return [*wrapped, "0", "--", *_worker_command(args)], env  # one process: no launcher needed
     multi_node = any(a.partition("=")[0] in _HOSTFILE_FLAGS for a in args.overrides)
+    if not multi_node and _nnodes() > 1:
+        if args.overrides:
+            raise _args.LaunchError(f"DET_NNODES={_nnodes()} runs this node's ranks with torchrun, not DeepSpeed's "
+                                    f"runner: its options {' '.join(args.overrides)} do not apply")
+        # one node of several (DET_NNODES, e.g. a Ray trial over nodes): torchrun's multi-node rendezvous
+        # starts this node's ranks; DeepSpeed reads the ranks and the master from torchrun's environment
+        cmd, torch_env = torch_distributed.build_command(args, config)
+        return cmd, {**torch_env, **env}
     runner = [sys.executable, "-m", "deepspeed.launcher.runner"]
     if not multi_node:
         env.update(DET_JOB_ID=uuid.uuid4().hex, DET_CORE_PORT=str(free_port()), DET_CHIEF_IP="127.0.0.1")
