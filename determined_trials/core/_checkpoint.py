@@ -158,35 +158,10 @@ class CheckpointContext:
 
     def _collect_sharded(self, storage_id: str, src: Path, plan: _Outcome) -> Callable[[], str] | None:
         """``_save_sharded`` up to the chief's commit, which it returns (None on the other ranks)."""
-        rank = self._dist.get_rank()
-        plans = self._dist.allgather(plan)
-        try:
-            if plan[0] is not None:
-                raise plan[0]
-            metadata = _merge_plans(plans, storage_id)
-        except BaseException:
-            self._storage.release(storage_id, rank)
-            if rank == 0:
-                self._storage.abort(storage_id)
-                self._dropped(storage_id)
-            raise
-        staged = _attempt(lambda: self._put(storage_id, src, plan[1]["files"]))
-        self._storage.release(storage_id, rank)
-        results = self._dist.gather(staged)
-        outcome: _Outcome = (None, None)
-        if rank == 0:
-            failed = [f"rank {r}: {exc}" for r, (exc, _) in enumerate(results or []) if exc is not None]
-            if failed:
-                self._storage.abort(storage_id)
-                self._dropped(storage_id)
-                outcome = (RuntimeError(f"checkpoint {storage_id} was not saved; ranks failed to stage their "
-                                        f"files: {'; '.join(failed)}"), None)
-        outcome = self._dist.broadcast(outcome if rank == 0 else None)
-        if staged[0] is not None:
-            raise staged[0]
-        if outcome[0] is not None:
-            raise outcome[0]
-        if rank != 0:
+        metadata, staged, results = self._agree_and_stage(storage_id, src, plan)
+        chief = self._dist.get_rank() == 0
+        self._raise_for(staged, self._staging_failed(storage_id, results) if chief else None)
+        if not chief:
             return None
 
         def commit() -> str:
@@ -257,6 +232,14 @@ class CheckpointContext:
 
     def _save_sharded(self, storage_id: str, src: Path | None, plan: _Outcome) -> None:
         """Collective save: agree on the plan, every rank stages its files, the chief commits."""
+        metadata, staged, results = self._agree_and_stage(storage_id, src, plan)
+        chief = self._dist.get_rank() == 0
+        self._raise_for(staged, self._chief_commit(storage_id, metadata, results) if chief else None)
+
+    def _agree_and_stage(self, storage_id: str, src: Path | None,
+                         plan: _Outcome) -> tuple[dict[str, Any], _Outcome, list[_Outcome]]:
+        """Every rank: agree on the plans (any rank's failure drops the checkpoint everywhere), stage this
+        rank's files; returns the merged metadata, this rank's staging outcome and (chief) every rank's."""
         rank = self._dist.get_rank()
         plans = self._dist.allgather(plan)
         try:
@@ -271,23 +254,30 @@ class CheckpointContext:
             raise
         staged = _attempt(lambda: self._put(storage_id, src, plan[1]["files"]))
         self._storage.release(storage_id, rank)
-        results = self._dist.gather(staged)
-        outcome: _Outcome = (None, None)
-        if rank == 0:
-            outcome = self._chief_commit(storage_id, metadata, results or [])
-        outcome = self._dist.broadcast(outcome if rank == 0 else None)
+        return metadata, staged, self._dist.gather(staged) or []
+
+    def _raise_for(self, staged: _Outcome, chief_outcome: _Outcome | None) -> None:
+        """Every rank: the chief's outcome broadcast; raise this rank's staging error, else the chief's."""
+        outcome = self._dist.broadcast(chief_outcome if self._dist.get_rank() == 0 else None)
         if staged[0] is not None:
             raise staged[0]
         if outcome[0] is not None:
             raise outcome[0]
 
-    def _chief_commit(self, storage_id: str, metadata: dict[str, Any], results: list[_Outcome]) -> _Outcome:
+    def _staging_failed(self, storage_id: str, results: list[_Outcome]) -> _Outcome:
+        """Chief: drop the checkpoint when a rank failed to stage its files."""
         failed = [f"rank {r}: {exc}" for r, (exc, _) in enumerate(results) if exc is not None]
-        if failed:
-            self._storage.abort(storage_id)
-            self._dropped(storage_id)
-            msg = f"checkpoint {storage_id} was not saved; ranks failed to stage their files: {'; '.join(failed)}"
-            return (RuntimeError(msg), None)
+        if not failed:
+            return (None, None)
+        self._storage.abort(storage_id)
+        self._dropped(storage_id)
+        msg = f"checkpoint {storage_id} was not saved; ranks failed to stage their files: {'; '.join(failed)}"
+        return (RuntimeError(msg), None)
+
+    def _chief_commit(self, storage_id: str, metadata: dict[str, Any], results: list[_Outcome]) -> _Outcome:
+        failed = self._staging_failed(storage_id, results)
+        if failed[0] is not None:
+            return failed
         committed = _attempt(lambda: self._storage.commit(storage_id, metadata))
         if committed[0] is not None:
             self._storage.abort(storage_id)
