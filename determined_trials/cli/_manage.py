@@ -6,14 +6,18 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from determined_trials._format import flat_hparams, local_time, text
 from determined_trials.cli import _common
 from determined_trials.cli._run import checkpoint_storage_for, group_of
+from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import release_dead_owners
 
 __all__ = ["register"]
+
+_T = TypeVar("_T")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -37,41 +41,38 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _kill(args: argparse.Namespace) -> int:
-    from determined_trials.experiment import ExperimentError
     from determined_trials.experiment._control import kill_experiment
 
-    store = _common.open_store(args)
-    try:
-        kill_experiment(store, args.experiment_id)
-    except ExperimentError as exc:
-        raise _common.CliError(str(exc)) from None
+    _control(kill_experiment, args)
     print(f"experiment {args.experiment_id} killed: its trials are CANCELED (their checkpoints are kept)")
     return 0
 
 
 def _pause(args: argparse.Namespace) -> int:
-    from determined_trials.experiment import ExperimentError
     from determined_trials.experiment._control import pause_experiment
 
-    try:
-        pause_experiment(_common.open_store(args), args.experiment_id)
-    except ExperimentError as exc:
-        raise _common.CliError(str(exc)) from None
+    _control(pause_experiment, args)
     print(f"experiment {args.experiment_id} is pausing: its trials checkpoint and stop")
     return 0
 
 
 def _activate(args: argparse.Namespace) -> int:
-    from determined_trials.experiment import ExperimentError
     from determined_trials.experiment._control import CONTINUE_LOG, activate_experiment
 
-    try:
-        pid = activate_experiment(_common.open_store(args), args.experiment_id)
-    except ExperimentError as exc:
-        raise _common.CliError(str(exc)) from None
+    pid = _control(activate_experiment, args)
     print(f"experiment {args.experiment_id} continues in the background (pid {pid}; output in {CONTINUE_LOG} "
           "next to its model folder)")
     return 0
+
+
+def _control(action: Callable[[LocalStore, int], _T], args: argparse.Namespace) -> _T:
+    """Run one of ``experiment/_control``'s actions on the experiment; its ``ExperimentError`` is a CLI error."""
+    from determined_trials.experiment import ExperimentError
+
+    try:
+        return action(_common.open_store(args), args.experiment_id)
+    except ExperimentError as exc:
+        raise _common.CliError(str(exc)) from None
 
 
 def _delete(args: argparse.Namespace) -> int:
