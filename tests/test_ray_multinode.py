@@ -333,3 +333,21 @@ def test_pause_stops_both_nodes_with_one_checkpoint_and_continue_finishes_it(
     uninterrupted = _weights(LocalStore(spread_run[0]))
     for name, tensor in _weights(store).items():
         assert torch.equal(tensor, uninterrupted[name]), name
+
+
+def test_an_fsdp2_trial_spread_over_two_nodes_equals_one_machine(cluster: LocalRayCluster, tmp_path: Path) -> None:
+    """The FSDP2 example with 2 slots on the 1-CPU-a-node cluster: one rank a node, one DCP shard a rank, and
+    every saved tensor (weights and AdamW state) as the same trial run on this machine with two processes."""
+    from test_fsdp_launch import EXAMPLE, _config, _dcp_tensors, _last
+
+    shutil.copytree(EXAMPLE, tmp_path / "code")
+    config = _config(tmp_path, "fsdp.yaml")
+    assert create(tmp_path / "ray", config, tmp_path / "code", "--ray", cluster.address) == 0
+    assert create(tmp_path / "local", config, tmp_path / "code") == 0
+    (_, spread), (_, local) = _last(tmp_path / "ray"), _last(tmp_path / "local")
+    assert sorted(p.name for p in (spread / "dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    spread_tensors, local_tensors = _dcp_tensors(spread), _dcp_tensors(local)
+    assert sorted(spread_tensors) == sorted(local_tensors) and spread_tensors
+    for name, tensor in local_tensors.items():
+        assert torch.allclose(spread_tensors[name], tensor, rtol=1e-6, atol=1e-7), name
+    assert set(cluster.placement_groups()) == {"REMOVED"}
