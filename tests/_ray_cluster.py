@@ -14,9 +14,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["LocalRayCluster", "can_hide_folders"]
+__all__ = ["LocalRayCluster", "can_hide_folders", "driving"]
 
 _RAY = str(Path(sys.executable).with_name("ray"))
 _START_TIMEOUT_S = 180.0
@@ -169,3 +170,21 @@ class LocalRayCluster:
         groups = {str(p.pid) for p in self._procs}
         return [line for line in out.splitlines()
                 if line.split(None, 2)[1] in groups or str(self.temp) in line]
+
+
+@contextlib.contextmanager
+def driving(cluster: LocalRayCluster) -> Iterator[LocalRayCluster]:
+    """Start ``cluster`` with this process as its driver (its environment set for the block, then put back);
+    stop it at the end and check nothing of it is left."""
+    saved = {name: os.environ.get(name) for name in cluster.driver_env}
+    os.environ.update(cluster.driver_env)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    assert cluster.leftovers() == []

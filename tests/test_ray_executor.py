@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 from _experiment_helpers import create, final_states, make_context
-from _ray_cluster import LocalRayCluster, can_hide_folders
+from _ray_cluster import LocalRayCluster, can_hide_folders, driving
 
 from determined_trials.core import LocalStore
 from determined_trials.experiment import summarize_trials
@@ -36,18 +36,8 @@ DET_TRIALS = [sys.executable, "-m", "determined_trials.cli.main"]
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCluster]:
     hidden = tmp_path_factory.mktemp("node-private") if can_hide_folders() else None
     running = LocalRayCluster(hidden_on_second_node=hidden)
-    saved = {name: os.environ.get(name) for name in running.driver_env}
-    os.environ.update(running.driver_env)
-    try:
-        yield running.start()
-    finally:
-        running.stop()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-    assert running.leftovers() == []
+    with driving(running) as started:
+        yield started
 
 
 def _context(tmp_path: Path, hparams: dict[str, Any], **config: Any) -> tuple[Path, Path]:

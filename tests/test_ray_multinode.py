@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from _experiment_helpers import create
-from _ray_cluster import LocalRayCluster
+from _ray_cluster import LocalRayCluster, driving
 from test_ray_executor import DET_TRIALS, _start_runner, _when
 
 from determined_trials.cli._trial import write_trial_table
@@ -38,18 +38,8 @@ RANK_LINE = re.compile(r"^\[rank=(\d)\] rank (\d) of 2 on node (\S+) pid (\d+)$"
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalRayCluster]:
     running = LocalRayCluster(head_cpus=1)
-    saved = {name: os.environ.get(name) for name in running.driver_env}
-    os.environ.update(running.driver_env)
-    try:
-        yield running.start()
-    finally:
-        running.stop()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-    assert running.leftovers() == []
+    with driving(running) as started:
+        yield started
 
 
 def _context(folder: Path, slots: int = 2, trials: int = 1, **hparams: Any) -> tuple[Path, Path]:
