@@ -1,6 +1,7 @@
 """Training-time overhead of ``Trainer.fit`` over a plain PyTorch loop doing the same work.
 
 Usage: python benchmarks/overhead.py [--rounds 7] [--batches 2000] [--period 500] [--variant] [--quick]
+                                    [--device cuda] [--shape gpu-bound]
 
 Four modes, each measured in a fresh process (this script re-run with ``--child MODE``), rounds
 interleaved (the order rotates every round):
@@ -21,6 +22,11 @@ both. Every child runs with ``torch.set_num_threads(1)`` (and OMP/MKL_NUM_THREAD
 ``--variant`` (the shape of an outside benchmark): SGD with momentum 0.9, shuffling with a seeded
 ``torch.Generator`` in both loops, and ``Trainer.fit`` at its default reporting period (no
 ``reporting_period`` argument; the raw loop still averages every 100 batches).
+``--device cuda``: both loops train on the GPU with the data already there (both datasets are CUDA
+tensors before the timing starts) and the timing ends after ``torch.cuda.synchronize()``; on the
+default ``cpu`` the children see no GPU. ``--shape gpu-bound``: a 2048->8192->10 MLP on batches of
+2048 (16,384 training rows), ~5 ms a step on one recent GPU, instead of the launch-bound 64->64->10
+on batches of 32.
 Note that ``Trainer.fit`` always ends with a checkpoint (as Determined does), so the ``trial``
 mode writes one checkpoint that ``raw`` does not: it is counted as harness overhead.
 """
@@ -50,29 +56,48 @@ def _plain(measured: Callable[[], Any]) -> Any:
 
 MODES = ("raw", "trial", "raw-ckpt", "trial-ckpt")
 SEED = 1234
-N_TRAIN, N_VAL, FEATURES, HIDDEN, CLASSES = 2048, 512, 64, 64, 10
-BATCH, VAL_BATCH, LR = 32, 256, 0.05
+N_VAL, CLASSES, VAL_BATCH, LR = 512, 10, 256, 0.05
+SHAPES = {  # name -> (training rows, features, hidden units, batch size)
+    "launch-bound": (2048, 64, 64, 32),
+    "gpu-bound": (16384, 2048, 8192, 2048),
+}
+
+
+def _shape(args: argparse.Namespace) -> tuple[int, int, int, int]:
+    return SHAPES[args.shape]
+
+
+def _synchronize(args: argparse.Namespace) -> None:
+    """Wait for the GPU's queued work, so the timing covers it (nothing to wait for on the CPU)."""
+    if args.device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 # -- shared set-up (children only) -------------------------------------------------------------
 
 
-def _datasets() -> tuple[Any, Any]:
-    """Synthetic, learnable 'digits-like' data: 64 features, 10 classes, a fixed seed."""
+def _datasets(args: argparse.Namespace) -> tuple[Any, Any]:
+    """Synthetic, learnable 'digits-like' data: the shape's features, 10 classes, a fixed seed; on
+    ``--device`` already."""
     import torch
     from torch.utils.data import TensorDataset
 
+    n_train, features, _, _ = _shape(args)
     gen = torch.Generator().manual_seed(SEED)
-    weights = torch.randn(FEATURES, CLASSES, generator=gen)
-    x = torch.randn(N_TRAIN + N_VAL, FEATURES, generator=gen)
-    y = (x @ weights + 0.5 * torch.randn(N_TRAIN + N_VAL, CLASSES, generator=gen)).argmax(dim=1)
-    return TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), TensorDataset(x[N_TRAIN:], y[N_TRAIN:])
+    weights = torch.randn(features, CLASSES, generator=gen)
+    x = torch.randn(n_train + N_VAL, features, generator=gen)
+    y = (x @ weights + 0.5 * torch.randn(n_train + N_VAL, CLASSES, generator=gen)).argmax(dim=1)
+    x, y = x.to(args.device), y.to(args.device)
+    return TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:])
 
 
-def _mlp() -> Any:
+def _mlp(args: argparse.Namespace) -> Any:
     from torch import nn
 
-    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+    _, features, hidden, _ = _shape(args)
+    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, CLASSES)).to(args.device)
 
 
 # -- the raw loop ------------------------------------------------------------------------------
@@ -99,11 +124,12 @@ def _raw_loop(args: argparse.Namespace, ckpt: bool, out_dir: Path, region: Regio
     import torch
 
     torch.manual_seed(SEED)
-    train_data, val_data = _datasets()
-    model = _mlp()
+    train_data, val_data = _datasets(args)
+    model = _mlp(args)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=_momentum(args))
     start, cpu_start = time.perf_counter(), time.process_time()
     reported, accuracy = region(lambda: _raw_train(args, ckpt, out_dir, train_data, val_data, model, optimizer))
+    _synchronize(args)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     return {"seconds": seconds, "cpu_seconds": cpu, "loss": round(reported, 4), "val_accuracy": round(accuracy, 4)}
 
@@ -114,7 +140,8 @@ def _raw_train(args: argparse.Namespace, ckpt: bool, out_dir: Path, train_data: 
     import torch
     from torch import nn
 
-    loader = torch.utils.data.DataLoader(train_data, batch_size=BATCH, shuffle=True, generator=_generator(args))
+    batch_size = _shape(args)[3]
+    loader = torch.utils.data.DataLoader(train_data, batch_size=batch_size, shuffle=True, generator=_generator(args))
     val_loader = torch.utils.data.DataLoader(val_data, batch_size=VAL_BATCH)
     losses: list[torch.Tensor] = []
     batches, accuracy, reported = 0, 0.0, 0.0
@@ -162,13 +189,14 @@ def _trial_class(args: argparse.Namespace) -> type:
         def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
             self.context = context
             torch.manual_seed(SEED)
-            self.train_data, self.val_data = _datasets()
-            self.model = context.wrap_model(_mlp())
+            self.train_data, self.val_data = _datasets(args)
+            self.model = context.wrap_model(_mlp(args))
             sgd = torch.optim.SGD(self.model.parameters(), lr=LR, momentum=_momentum(args))
             self.optimizer = context.wrap_optimizer(sgd)
 
         def build_training_data_loader(self) -> pytorch.DataLoader:
-            return pytorch.DataLoader(self.train_data, batch_size=BATCH, shuffle=True, generator=_generator(args))
+            return pytorch.DataLoader(self.train_data, batch_size=_shape(args)[3], shuffle=True,
+                                      generator=_generator(args))
 
         def build_validation_data_loader(self) -> pytorch.DataLoader:
             return pytorch.DataLoader(self.val_data, batch_size=VAL_BATCH)
@@ -194,7 +222,7 @@ def _trial_fit(args: argparse.Namespace, ckpt: bool, run_dir: Path, region: Regi
 
     config = {
         "name": "overhead-benchmark",
-        "hyperparameters": {"global_batch_size": BATCH},
+        "hyperparameters": {"global_batch_size": _shape(args)[3]},
         "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": args.batches}},
         "reproducibility": {"experiment_seed": SEED},
     }
@@ -212,6 +240,7 @@ def _trial_fit(args: argparse.Namespace, ckpt: bool, run_dir: Path, region: Regi
             show_progress=False,
             **reporting,
         ))
+        _synchronize(args)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         store = context._core.store if context._core is not None else None
         if store is not None:
@@ -247,6 +276,8 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--period", type=int, default=500, help="validation/checkpoint period in batches")
     parser.add_argument("--report", type=int, default=100, help="training-metric reporting period in batches")
     parser.add_argument("--variant", action="store_true", help="momentum, a torch.Generator, default reporting")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both loops train")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="launch-bound", help="the model and batch size")
 
 
 def check_at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace, names: tuple[str, ...]) -> None:
@@ -258,18 +289,22 @@ def check_at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 def shape_argv(args: argparse.Namespace) -> list[str]:
     """``add_shape_arguments``' values as a child's command-line arguments."""
-    return ["--batches", str(args.batches), "--period", str(args.period), "--report", str(args.report)] + (
-        ["--variant"] if args.variant else [])
+    return ["--batches", str(args.batches), "--period", str(args.period), "--report", str(args.report),
+            "--device", args.device, "--shape", args.shape] + (["--variant"] if args.variant else [])
 
 
-def child_env() -> dict[str, str]:
-    """A child's environment: one thread for torch's kernels (stable timings and counts)."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+def child_env(device: str = "cpu") -> dict[str, str]:
+    """A child's environment: one thread for torch's kernels (stable timings and counts); on the CPU no
+    GPU is visible (the trial's context would pick one)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
 
 
 def _run_child(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, *shape_argv(args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=args.timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(args.device), timeout=args.timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"child {mode} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -297,7 +332,9 @@ def _measure(args: argparse.Namespace) -> Samples:
 def _report(samples: Samples, args: argparse.Namespace) -> None:
     wall = {mode: statistics.median(s["seconds"]) for mode, s in samples.items()}
     cpu = {mode: statistics.median(s["cpu_seconds"]) for mode, s in samples.items()}
-    print(f"\n{args.batches} batches of {BATCH}, validation every {args.period}, reporting every {args.report}, "
+    _, features, hidden, batch_size = _shape(args)
+    print(f"\n{args.device}, {args.shape} ({features}->{hidden}->{CLASSES} MLP): {args.batches} batches of "
+          f"{batch_size}, validation every {args.period}, reporting every {args.report}, "
           f"{args.rounds} rounds, torch.set_num_threads(1); training time (wall; process CPU as a cross-check):")
     header = ("mode", "median s", "min s", "max s", "us/batch", "ratio", "cpu s", "cpu ratio")
     print("".join(f"{h:<12}" if i == 0 else f"{h:>{w}}" for i, (h, w) in enumerate(zip(header, _WIDTHS))))

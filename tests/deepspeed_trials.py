@@ -43,6 +43,7 @@ def ds_config(hp: dict[str, Any]) -> dict[str, Any]:
         "gradient_clipping": 0.0,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
+        **({"bf16": {"enabled": True}} if hp.get("bf16") else {}),
     }
 
 

@@ -39,7 +39,9 @@ def test_overhead_benchmark_quick_run_prints_the_ratios() -> None:
 @pytest.mark.timeout(2 * QUICK_S + 60)
 def test_async_checkpoint_and_resume_benchmarks_quick_runs_print_their_summaries() -> None:
     for script, pattern in (
-        ("async_checkpoint.py", r"^async blocking fraction \(median of per-round ratios to torch.save\): \d+\.\d+"),
+        ("async_checkpoint.py", r"^async blocking fraction \(median of per-round ratios to torch.save\): \d+\.\d+; "
+                                r"first checkpoint: \d+\.\d+; synchronous: \d+\.\d+\n"
+                                r"last checkpoint of fit: \d+\.\d+ ms, \d+\.\d+ of torch.save \+ fsync"),
         ("resume_cost.py", r"^resume into 100000 shuffled records, 2 rounds, medians: .*records read to skip: 0$"),
     ):
         proc = run_in_group([sys.executable, str(ROOT / "benchmarks" / script), "--quick"], timeout=QUICK_S,

@@ -1,16 +1,21 @@
 """The GPU tier (``make test-gpu``; skipped, and listed, without CUDA): batches from a pinned-memory
 loader reach the device through non-blocking copies, with the data a pageable loader's copies bring;
-the harness does not synchronise the host with the device between two batches of a run; and ``fit``
-leaves no CUDA memory allocated when it returns. Exact resume on CUDA is in ``test_pytorch_amp_resume.py``."""
+the harness does not synchronise the host with the device between two batches of a run; ``fit``
+leaves no CUDA memory allocated when it returns; the ``--device cuda`` benchmarks run and print their
+figures. Exact resume on CUDA is in ``test_pytorch_amp_resume.py``, background checkpoints of a GPU
+model in ``test_snapshot_buffers.py``, DeepSpeed on nccl in ``test_deepspeed_resume_device.py``."""
 
 from __future__ import annotations
 
 import gc
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from _group_run import run_in_group
 from pytorch_trials import ResumeTrial, config, fit
 
 from determined_trials import pytorch
@@ -18,6 +23,8 @@ from determined_trials.pytorch import Batch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARK_S = 600  # one --quick benchmark on the GPU: a few child processes that each import torch
 RUN = 5  # batches between two boundaries (6 batches per epoch: runs cross an epoch's end)
 FIT: dict[str, Any] = {"max_length": Batch(3 * RUN), "validation_period": Batch(RUN), "reporting_period": Batch(RUN)}
 CONF = config({"global_batch_size": 4, "lr": 0.01, "hidden": 8})
@@ -110,3 +117,15 @@ def test_fit_keeps_no_cuda_memory_after_it_returns(tmp_path: Path) -> None:
     for i in range(3):
         one_fit(f"run{i}")
         assert _settled_allocation() == start, f"fit {i + 1} left CUDA memory allocated"
+
+
+@pytest.mark.timeout(2 * BENCHMARK_S + 60)
+def test_the_benchmarks_run_on_cuda_and_print_their_figures() -> None:
+    for script, pattern in (
+        ("overhead.py", r"^cuda, launch-bound .*\n(.*\n)*overhead ratio \(no ckpt\): \d+\.\d+x"),
+        ("async_checkpoint.py", r"^NVIDIA.*: model \+ sgd state \d+ MB(.*\n)*last checkpoint of fit: \d+\.\d+ ms"),
+    ):
+        proc = run_in_group([sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--device", "cuda"],
+                            timeout=BENCHMARK_S, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert re.search(pattern, proc.stdout, re.MULTILINE), proc.stdout

@@ -17,6 +17,7 @@ from determined_trials.loop import DataShape, HookRunner, TrialState
 from determined_trials.pytorch._batch_loop import CPU, BatchLoop, cpu_tensors
 from determined_trials.pytorch._callback import overrides_hook
 from determined_trials.pytorch._checkpoint_io import (
+    large_state_template,
     load_trial_state,
     save_trial_state,
     snapshot_trial_state,
@@ -26,6 +27,7 @@ from determined_trials.pytorch._checkpoint_io import (
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._fsdp import check_model_mix, is_dcp_checkpoint, is_fsdp
 from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
+from determined_trials.pytorch._snapshot import HostBuffers
 from determined_trials.pytorch._trial import PyTorchTrial, evaluate_takes_batch_idx
 from determined_trials.pytorch.data._loader import DataLoader
 from determined_trials.pytorch.data._raw import is_reproducible_loader, wrap_raw_loader
@@ -57,7 +59,8 @@ class PyTorchAdapter(BatchLoop):
             [] if any(getattr(cb, "wants_batch_metrics", False) for cb in callbacks) else None
         )
         self._batch_metrics: list[dict[str, Any]] = []
-        self._last_snapshot: Any = None
+        self._host_buffers = HostBuffers()
+        self._after_first_batch = self._prepare_host_buffers
         self._check_wrapped()
         self._sharded = any(is_fsdp(m) for m in context.models)
         self.sharded_save = self._sharded  # FSDP2: every rank saves its shard of one DCP checkpoint
@@ -72,6 +75,14 @@ class PyTorchAdapter(BatchLoop):
             _dcp.load_sharded_state(path, self._context, self._hooks)
         else:
             load_trial_state(path, self._context, self._hooks)
+
+    def _prepare_host_buffers(self) -> None:
+        """After this process's first batch (the optimizer state exists by now): when it will take
+        snapshots, start allocating their host buffers on a helper thread, so that not even the first
+        checkpoint allocates them on the training thread."""
+        if (self._dist.get_rank() == 0 and not self.sharded_save and self.async_save
+                and self.wants_snapshot()):
+            self._host_buffers.prepare(large_state_template(self._context), self._context.device)
 
     def start_training(self, state: TrialState) -> DataShape:
         loader = self._trial.build_training_data_loader()
@@ -144,6 +155,8 @@ class PyTorchAdapter(BatchLoop):
             from determined_trials.pytorch import _dcp
 
             _dcp.save_sharded_state(path, self._trial, self._context, self._hooks)
+        elif self._host_buffers.pinned:  # the last checkpoint of a GPU state: pinned copies beat torch.save's
+            save_trial_state(path, self._trial, self._context, self._hooks, self.snapshot())
         else:
             save_trial_state(path, self._trial, self._context, self._hooks)
 
@@ -173,11 +186,11 @@ class PyTorchAdapter(BatchLoop):
         return threshold == 0 or state_nbytes(self._context) >= threshold
 
     def snapshot(self) -> dict[str, Any]:
-        """On the training thread: a host-memory copy of everything ``save`` writes (the loop calls it
-        only once the previous snapshot is written, so that one's buffers are reused)."""
+        """On the training thread: a host-memory copy of everything ``save`` writes, into the prepared
+        host buffers or the previous snapshot's (the loop calls it only once that one is written)."""
         snapshot = snapshot_trial_state(self._trial, self._context, self._hooks, copy=True,
-                                        reuse=self._last_snapshot)
-        self._last_snapshot = snapshot["state"]
+                                        reuse=self._host_buffers.take())
+        self._host_buffers.keep(snapshot["state"])
         return snapshot
 
     def write_snapshot(self, snapshot: dict[str, Any], path: Path) -> None:
@@ -185,6 +198,7 @@ class PyTorchAdapter(BatchLoop):
         write_trial_state(snapshot, path)
 
     def close(self) -> None:
+        self._host_buffers.release()
         if self._stream is not None:
             self._stream.close()
             self._stream = None

@@ -32,17 +32,30 @@ class BatchLoop:
     _current_epoch: int | None
     _train_metrics: TrainingMetrics
     _kept_batches: list[Any] | None
+    _after_first_batch: Callable[[], None] | None  # run once, after this process's first batch
 
     def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
         if not isinstance(self._stream, TrainingStream):  # a raw loader: its epochs end when a pass does
+            if self._after_first_batch is not None:
+                self._train_raw_loader(1, state, should_stop)
+                self._first_batch_done()
+                num_batches -= 1
             self._train_raw_loader(num_batches, state, should_stop)
             return
         remaining = num_batches
         while remaining > 0:
-            trained, stopped = self._train_run(remaining, state, should_stop)
+            first = self._after_first_batch is not None
+            trained, stopped = self._train_run(1 if first else remaining, state, should_stop)
             remaining -= trained
+            if first and trained:
+                self._first_batch_done()
             if stopped:
                 return
+
+    def _first_batch_done(self) -> None:
+        hook, self._after_first_batch = self._after_first_batch, None
+        assert hook is not None
+        hook()
 
     def _train_run(self, limit: int, state: TrialState, should_stop: Callable[[], bool]) -> tuple[int, bool]:
         """Train up to ``limit`` batches of the current epoch in one tight loop: (batches trained, stopped).

@@ -10,7 +10,6 @@ written on a GPU resumes on a CPU-only machine and the other way round.
 
 from __future__ import annotations
 
-import copy as _copy
 import itertools
 import json
 import logging
@@ -25,6 +24,7 @@ import torch.utils.serialization  # noqa: F401 - torch.save imports it on first 
 
 from determined_trials.loop import HookRunner
 from determined_trials.pytorch._ddp import plain_module, plain_state_dict
+from determined_trials.pytorch._snapshot import copy_to_host, wait_copied
 
 if TYPE_CHECKING:
     from determined_trials._trial_context import TrialContext
@@ -35,7 +35,7 @@ __all__ = [
     "LOAD_DATA_FILE",
     "STATE_FILE",
     "capture_rng",
-    "host_copy",
+    "large_state_template",
     "load_trial_state",
     "restore_cuda_rng",
     "restore_rng",
@@ -114,13 +114,21 @@ def build_state_dict(context: PyTorchTrialContext, hooks: HookRunner) -> dict[st
     """Everything resumable of a trial, as one dict; models under the keys of the user's modules
     (no DDP ``module.`` or ``torch.compile`` ``_orig_mod.`` prefix)."""
     return {
-        "models_state_dict": [plain_module(m).state_dict() for m in context.models],
-        "optimizers_state_dict": [o.state_dict() for o in context.optimizers],
+        **large_state_template(context),
         "lr_schedulers_state_dict": [s.state_dict() for s in context.lr_schedulers],
         "scalers_state_dict": [s.state_dict() for s in context.scalers],
         "callbacks": hooks.state_dict(),
         "rng_state": capture_rng(),
         "pending_gradients": _pending_gradients(context),
+    }
+
+
+def large_state_template(context: PyTorchTrialContext) -> dict[str, Any]:
+    """The models' and optimizers' part of ``build_state_dict`` (nearly all of a checkpoint's bytes), in
+    the same structure: what the host buffers of background checkpoints are prepared from."""
+    return {
+        "models_state_dict": [plain_module(m).state_dict() for m in context.models],
+        "optimizers_state_dict": [o.state_dict() for o in context.optimizers],
     }
 
 
@@ -159,22 +167,28 @@ def snapshot_trial_state(trial: PyTorchTrial, context: PyTorchTrialContext, hook
                          *, copy: bool, reuse: Any = None) -> dict[str, Any]:
     """What ``write_trial_state`` writes; with ``copy`` every tensor is a host-memory copy, so training
     may go on mutating the models while a background writer serialises it (``reuse``: a finished
-    snapshot's state whose buffers may be overwritten)."""
+    snapshot's state, or prepared buffers, whose tensors may be overwritten). On CUDA the copies are
+    queued on a side stream; ``write_trial_state`` waits for them."""
     checkpoint = build_state_dict(context, hooks)
     hooks.call("on_checkpoint_save_start", checkpoint)
-    state = host_copy(checkpoint, reuse) if copy else checkpoint
-    return {"state": state, "load_data": _load_data_json(trial, context, "PyTorchTrial")}
+    state, ready = copy_to_host(checkpoint, reuse, context.device) if copy else (checkpoint, None)
+    return {"state": state, "ready": ready, "load_data": _load_data_json(trial, context, "PyTorchTrial")}
 
 
 def write_trial_state(snapshot: dict[str, Any], path: Path) -> None:
-    """Write ``state_dict.pth`` and ``load_data.json`` into ``path``."""
+    """Write ``state_dict.pth`` and ``load_data.json`` into ``path`` (once a snapshot's copies are done)."""
+    wait_copied(snapshot.get("ready"))
     torch.save(snapshot["state"], path / STATE_FILE)
     (path / LOAD_DATA_FILE).write_text(snapshot["load_data"])
 
 
-def save_trial_state(path: Path, trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner) -> None:
-    """Write ``state_dict.pth`` and ``load_data.json`` into ``path`` now (chief only)."""
-    write_trial_state(snapshot_trial_state(trial, context, hooks, copy=False), path)
+def save_trial_state(path: Path, trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner,
+                     snapshot: dict[str, Any] | None = None) -> None:
+    """Write ``state_dict.pth`` and ``load_data.json`` into ``path`` now (chief only): ``snapshot``, or
+    the live state when None."""
+    if snapshot is None:
+        snapshot = snapshot_trial_state(trial, context, hooks, copy=False)
+    write_trial_state(snapshot, path)
     hooks.call("on_checkpoint_end", str(path))
     hooks.call("on_checkpoint_write_end", str(path))
 
@@ -201,30 +215,6 @@ def _render_load_data(trial: Any, context: TrialContext, trial_type: str) -> str
         "experiment_config": context.get_experiment_config(),
     }
     return json.dumps(load_data, indent=1)
-
-
-def host_copy(value: Any, reuse: Any = None) -> Any:
-    """A copy of ``value`` sharing no tensor storage or container with it; tensors land in host memory.
-
-    ``reuse``: an earlier copy no longer in use; its tensors of the same shape, dtype and place in
-    the structure are overwritten instead of allocating new ones (no page faults on the copy).
-    """
-    if isinstance(value, torch.Tensor):
-        if (isinstance(reuse, torch.Tensor) and reuse.shape == value.shape and reuse.dtype == value.dtype
-                and reuse.device.type == "cpu" and not value.is_sparse and not reuse.is_sparse):
-            return reuse.copy_(value.detach())
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        copied = _copy.copy(value)  # keeps the type and attributes (a state_dict's ``_metadata``)
-        old = reuse if isinstance(reuse, dict) else {}
-        for key, item in value.items():
-            copied[key] = host_copy(item, old.get(key))
-        return copied
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        old_items = list(reuse) if isinstance(reuse, (list, tuple)) and len(reuse) == len(value) else []
-        items = [host_copy(item, old_items[i] if old_items else None) for i, item in enumerate(value)]
-        return items if isinstance(value, list) else tuple(items)
-    return _copy.deepcopy(value)
 
 
 def read_state_file(path: Path, *, weights_only: bool = True) -> dict[str, Any]:
