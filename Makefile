@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv example example-trainer example-core test test-gpu lint benchmark clean config-reference browser ui-screenshots
+.PHONY: venv example example-trainer example-core test test-gpu gpu-wheels lint benchmark clean config-reference browser ui-screenshots
 
 venv: $(STAMP)
 
@@ -61,6 +61,18 @@ ui-screenshots: venv browser
 # by name; without CUDA every one is reported SKIPPED with its reason.
 test-gpu: venv
 	$(BIN)/python -m pytest -m gpu -v -rs
+
+# Wheels a GPU machine without network needs beside its own torch (docs/gpu.md), for its Python 3.12, into
+# .whl/ (ignored; carried with benchmarks/gpu_check.sh). DeepSpeed ships as an sdist: built here, ops off.
+GPU_WHEELS := pyzmq==27.3.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+	typing-extensions==4.16.0 hjson==3.1.0 einops==0.8.2 msgpack==1.2.4 py-cpuinfo==9.0.0
+PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+	manylinux1_x86_64,--platform $(p))
+
+gpu-wheels: venv
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(PLATFORMS) -d .whl $(GPU_WHEELS)
+	DS_BUILD_OPS=0 $(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w .whl deepspeed==0.19.8
 
 lint: venv
 	$(BIN)/ruff check determined_trials tests examples
