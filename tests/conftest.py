@@ -1,5 +1,6 @@
 """Fixtures every test module may use: ``cpu_device`` for tests whose expectations hold on the CPU,
-``fresh_dynamo`` for tests of ``torch.compile``d models."""
+``device`` for tests run on each device (the CPU, and CUDA in the GPU tier), ``fresh_dynamo`` for tests
+of ``torch.compile``d models."""
 
 from __future__ import annotations
 
@@ -26,6 +27,20 @@ def cpu_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     yield
+
+
+@pytest.fixture(params=[pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
+def device(request: pytest.FixtureRequest) -> str:
+    """The device the test's trials train on: "cpu" (forced with ``cpu_device``, wherever the tests run)
+    or "cuda" (the default device where CUDA is available; a ``gpu`` case, skipped without CUDA)."""
+    if request.param == "cpu":
+        request.getfixturevalue("cpu_device")
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("needs CUDA")
+    return str(request.param)
 
 
 @pytest.fixture

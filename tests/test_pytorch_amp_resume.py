@@ -15,21 +15,10 @@ from pytorch_trials import ResumeTrial, assert_same_state, config, fit, state_sn
 
 from determined_trials.pytorch import Batch
 
-NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu, NEEDS_CUDA])]
 AMP = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 FIT: dict[str, Any] = {"max_length": Batch(10), "validation_period": Batch(5)}
 CONF = config({"global_batch_size": 4, "lr": 0.01, "hidden": 8})
 STOP_AFTER = 3  # mid-epoch (6 batches per epoch)
-
-
-@pytest.fixture(params=DEVICES)
-def device(request: pytest.FixtureRequest) -> str:
-    """The device the trials train on: "cpu" (forced, wherever the tests run) or "cuda" (the default
-    device where CUDA is available)."""
-    if request.param == "cpu":
-        request.getfixturevalue("cpu_device")
-    return str(request.param)
 
 
 def _backend(device: str, compiled: bool) -> str | None:

@@ -24,18 +24,8 @@ from determined_trials.pytorch._checkpoint_io import read_state_file, write_tria
 from determined_trials.pytorch._snapshot import HostBuffers, copy_to_host, host_copy, tree_nbytes
 
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu, NEEDS_CUDA])]
 CONF = config({"global_batch_size": 4, "lr": 0.01, "hidden": 8})
 FIT: dict[str, Any] = {"max_length": Batch(12), "checkpoint_period": Batch(4), "reporting_period": Batch(2)}
-
-
-@pytest.fixture(params=DEVICES)
-def device(request: pytest.FixtureRequest) -> str:
-    """The device the trials train on: "cpu" (forced, wherever the tests run) or "cuda" (the default
-    device where CUDA is available)."""
-    if request.param == "cpu":
-        request.getfixturevalue("cpu_device")
-    return str(request.param)
 
 
 @pytest.fixture(autouse=True)
