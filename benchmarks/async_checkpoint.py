@@ -1,11 +1,11 @@
 """How long ``Trainer.fit`` holds the training loop per checkpoint, against a plain ``torch.save``.
 
 Usage: python benchmarks/async_checkpoint.py [--rounds 7] [--batches 500] [--period 100] [--quick]
-                                            [--device cuda] [--width 2048] [--optimizer sgd|adamw]
+                                            [--device cuda] [--width 2048] [--optimizer sgd|adamw] [--batch 4]
 
 A ~50 MB model (three 2048x2048 linear layers, float32; ``--width`` changes the size) with SGD
 momentum (as much state again; ``--optimizer adamw``: twice as much) is trained for ``--batches``
-batches of 4 with a checkpoint every ``--period``, on ``--device``. Blocked time is the wall time
+batches of 4 (``--batch``) with a checkpoint every ``--period``, on ``--device``. Blocked time is the wall time
 the training thread spends in the loop's checkpoint step (the snapshot, plus any wait for the
 previous write) and in collecting finished writes, for every checkpoint taken while training goes
 on, the first one of a fit (whose host buffers were prepared off the training thread) shown apart
@@ -35,9 +35,6 @@ from determined_trials.loop import _checkpointing
 
 __all__ = ["main"]
 
-BATCH = 4
-
-
 class _BigTrial(MSETrial):
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
@@ -51,11 +48,12 @@ class _BigTrial(MSETrial):
         self.optimizer = context.wrap_optimizer(
             torch.optim.AdamW(params, lr=1e-4) if adamw else torch.optim.SGD(params, lr=1e-4, momentum=0.9))
         device = context.device  # the data already on the device: the benchmark times checkpoints, not copies
-        self.data = torch.utils.data.TensorDataset(torch.randn(256, width, device=device),
-                                                   torch.randn(256, width, device=device))
+        rows = max(256, 2 * context.get_per_slot_batch_size())
+        self.data = torch.utils.data.TensorDataset(torch.randn(rows, width, device=device),
+                                                   torch.randn(rows, width, device=device))
 
     def build_training_data_loader(self) -> pytorch.DataLoader:
-        return pytorch.DataLoader(self.data, batch_size=BATCH, shuffle=True)
+        return pytorch.DataLoader(self.data, batch_size=self.context.get_per_slot_batch_size(), shuffle=True)
 
     def build_validation_data_loader(self) -> pytorch.DataLoader:
         return pytorch.DataLoader(torch.utils.data.TensorDataset(self.data.tensors[0][:8], self.data.tensors[1][:8]),
@@ -105,7 +103,7 @@ class _Timer:
 
 
 def _fit(args: argparse.Namespace, run_dir: Path, asynchronous: bool) -> tuple[_Timer, Any]:
-    hparams = {"global_batch_size": BATCH, "width": args.width, "optimizer": args.optimizer}
+    hparams = {"global_batch_size": args.batch, "width": args.width, "optimizer": args.optimizer}
     config = {"hyperparameters": hparams, "reproducibility": {"experiment_seed": 1},
               "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": args.batches}}}
     with pytorch.init(exp_conf=config, run_dir=str(run_dir), enable_tensorboard_logging=False) as context:
@@ -170,6 +168,8 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the trial trains")
     parser.add_argument("--width", type=int, default=2048, help="units of each of the three linear layers")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="SGD momentum or AdamW")
+    parser.add_argument("--batch", type=int, default=4,
+                        help="records a batch: on a GPU, enough for the writes to finish between checkpoints")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 20 batches")
     args = parser.parse_args()
     if args.quick:

@@ -25,8 +25,8 @@ both. Every child runs with ``torch.set_num_threads(1)`` (and OMP/MKL_NUM_THREAD
 ``--device cuda``: both loops train on the GPU with the data already there (both datasets are CUDA
 tensors before the timing starts) and the timing ends after ``torch.cuda.synchronize()``; on the
 default ``cpu`` the children see no GPU. ``--shape gpu-bound``: a 2048->8192->10 MLP on batches of
-2048 (16,384 training rows), ~5 ms a step on one recent GPU, instead of the launch-bound 64->64->10
-on batches of 32.
+2048 (16,384 training rows; ~200 GFLOP a step in float32, milliseconds on a current GPU), instead
+of the launch-bound 64->64->10 on batches of 32.
 Note that ``Trainer.fit`` always ends with a checkpoint (as Determined does), so the ``trial``
 mode writes one checkpoint that ``raw`` does not: it is counted as harness overhead.
 """

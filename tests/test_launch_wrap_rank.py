@@ -1,5 +1,5 @@
 """wrap_rank: per-rank line prefixes on stdout and stderr, exit codes, the rank spec, signal forwarding
-and the launch-folder records."""
+and the launch-folder records; the line a failure report names."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from determined_trials.launch._lines import LinePump, RecentLines
+import pytest
+
+from determined_trials.launch._lines import LinePump, RecentLines, failure_reason
 
 WRAP = [sys.executable, "-m", "determined_trials.launch.wrap_rank"]
 
@@ -127,3 +129,15 @@ def test_a_signal_to_the_group_reaches_the_child_exactly_once(tmp_path: Path) ->
             proc.wait()
     assert proc.returncode == 0
     assert rest == "[rank=0] count 1\n"
+
+
+@pytest.mark.parametrize(("lines", "reason"), [
+    (["Traceback (most recent call last):", '  File "t.py", line 3, in f', "RuntimeError: boom in batch 3",
+      "terminate called without an active exception"], "RuntimeError: boom in batch 3"),
+    (["  raise x", "torch.distributed.DistBackendError: peer closed", ""], "torch.distributed.DistBackendError: peer closed"),
+    (["Traceback (most recent call last):", "KeyboardInterrupt"], "KeyboardInterrupt"),
+    (["Segmentation fault", "  "], "Segmentation fault"),
+    ([], "(no output)"),
+])
+def test_the_failure_reason_is_the_last_exception_line_else_the_last_line(lines: list[str], reason: str) -> None:
+    assert failure_reason(lines) == reason

@@ -9,10 +9,23 @@ import re
 import threading
 from typing import BinaryIO
 
-__all__ = ["MAX_LINE_BYTES", "LinePump", "RecentLines"]
+__all__ = ["MAX_LINE_BYTES", "LinePump", "RecentLines", "failure_reason"]
 
 MAX_LINE_BYTES = 8192
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+# A Python exception's last line: its (dotted) class name, e.g. "RuntimeError: ..." or "torch.x.DistError: ..."
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)(?::|$)")
+
+
+def failure_reason(lines: list[str]) -> str:
+    """The line of a failed child's last lines that says why: its last Python exception line (a dying
+    process may print more after it, e.g. C++'s "terminate called without an active exception" at exit),
+    else its last line."""
+    kept = [line.strip() for line in lines if line.strip()]
+    for line in reversed(kept):
+        if _EXCEPTION_LINE.match(line):
+            return line
+    return kept[-1] if kept else "(no output)"
 
 
 class RecentLines:

@@ -27,6 +27,7 @@ from determined_trials.launch._launch_dir import (
     read_results,
     was_preempted,
 )
+from determined_trials.launch._lines import failure_reason
 from determined_trials.launch._procs import (
     child_pids,
     descendants,
@@ -174,10 +175,9 @@ class Supervisor:
 
     def _report_failure(self, first: RankResult, count: int) -> None:
         others = f" ({count - 1} more rank(s) failed after it)" if count > 1 else ""
-        # Its output (the traceback) is above, prefixed [rank=N]: name only its last line, not again all.
-        lines = [line for line in first.last_lines if line.strip()]
-        last = lines[-1].strip() if lines else "(no output)"
-        self._say(f"rank {first.rank} failed with exit code {first.exit_code}{others}: {last} "
+        # Its output (the traceback) is above, prefixed [rank=N]: name only the line that says why.
+        self._say(f"rank {first.rank} failed with exit code {first.exit_code}{others}: "
+                  f"{failure_reason(first.last_lines)} "
                   f"(its output is above, prefixed [rank={first.rank}])")
 
     def _say(self, message: str) -> None:
