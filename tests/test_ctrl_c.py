@@ -33,10 +33,18 @@ RUN_S = 900  # the digits example's resumed run to its end (11 more epochs)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device"), pytest.mark.timeout(2 * START_S + RUN_S)]
 
 
+def _as_a_terminal_job() -> None:
+    """In the child before it runs: SIGINT at its default, as for a job started from a terminal. A test
+    run started in the background by a non-interactive shell (``make test &``) passes SIGINT down ignored,
+    and an ignored SIGINT is rightly left alone (Python and the harness install no handler for it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(run_dir: Path, flags: Path, resume: str = "-", *extra: str) -> subprocess.Popen[str]:
     flags.mkdir(exist_ok=True)
     return subprocess.Popen([sys.executable, str(WORKER), str(run_dir), str(flags), resume, *extra], env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_as_a_terminal_job)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
@@ -120,7 +128,8 @@ def test_the_digits_example_stops_on_ctrl_c_and_resumes_with_resume_latest(tmp_p
     run_dir = tmp_path / "run"
     command = [sys.executable, str(EXAMPLE), "--run-dir", str(run_dir), "--no-progress"]
     env = {**ENV, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_as_a_terminal_job)
     try:
         assert proc.stdout is not None
         seen = []
