@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _checkpoint_timer import CheckpointTimer
 from _mse_trial import MSETrial
 from torch import nn
 
 from determined_trials import pytorch
-from determined_trials.loop import _checkpointing
 
 __all__ = ["main"]
 
@@ -60,49 +60,7 @@ class _BigTrial(MSETrial):
                                   batch_size=8)
 
 
-class _Timer:
-    """Wall time the training thread spends in Checkpointer.save / poll (the first save apart), and in
-    the final save: its wait for the write in flight, then its own write."""
-
-    def __init__(self) -> None:
-        self.blocked, self.calls, self.first, self.final_wait, self.final = 0.0, 0, -1.0, 0.0, 0.0
-        cls = _checkpointing.Checkpointer
-        self._originals = {name: getattr(cls, name) for name in ("save", "poll")}
-
-    def __enter__(self) -> _Timer:
-        cls = _checkpointing.Checkpointer
-        for name, original in self._originals.items():
-            setattr(cls, name, self._timed(original, name == "save"))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for name, original in self._originals.items():
-            setattr(_checkpointing.Checkpointer, name, original)
-
-    def _timed(self, original: Any, counts: bool) -> Any:
-        def timed(checkpointer: Any, *args: Any, **kwargs: Any) -> Any:
-            final = bool(kwargs.get("final"))
-            if final:  # the end of fit: first the write in flight, then this one, written at once
-                start = time.perf_counter()
-                checkpointer.wait()
-                self.final_wait += time.perf_counter() - start
-            start = time.perf_counter()
-            try:
-                return original(checkpointer, *args, **kwargs)
-            finally:
-                took = time.perf_counter() - start
-                if final:
-                    self.final += took
-                else:
-                    self.blocked += took
-                    self.calls += counts
-                    if counts and self.first < 0:
-                        self.first = took
-
-        return timed
-
-
-def _fit(args: argparse.Namespace, run_dir: Path, asynchronous: bool) -> tuple[_Timer, Any]:
+def _fit(args: argparse.Namespace, run_dir: Path, asynchronous: bool) -> tuple[CheckpointTimer, Any]:
     hparams = {"global_batch_size": args.batch, "width": args.width, "optimizer": args.optimizer}
     config = {"hyperparameters": hparams, "reproducibility": {"experiment_seed": 1},
               "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": args.batches}}}
@@ -111,7 +69,7 @@ def _fit(args: argparse.Namespace, run_dir: Path, asynchronous: bool) -> tuple[_
         if not asynchronous:
             context.experimental.disable_async_checkpoints()
         assert context.device.type == args.device, f"the trial trains on {context.device}, not {args.device}"
-        with _Timer() as timer:
+        with CheckpointTimer() as timer:
             pytorch.Trainer(trial, context).fit(
                 max_length=pytorch.Batch(args.batches), checkpoint_period=pytorch.Batch(args.period),
                 checkpoint_policy="none", show_progress=False)
@@ -138,7 +96,7 @@ def _plain_save(trial: Any, folder: Path, fsync: bool) -> float:
 def _round(args: argparse.Namespace, run_dir: Path, rnd: int) -> dict[str, float]:
     """One round: an async and a synchronous fit (order alternating), then the plain baselines."""
     order = (True, False) if rnd % 2 == 0 else (False, True)
-    timers: dict[bool, _Timer] = {}
+    timers: dict[bool, CheckpointTimer] = {}
     for asynchronous in order:
         timers[asynchronous], trial = _fit(args, run_dir, asynchronous)
     if args.device == "cuda":
@@ -148,7 +106,7 @@ def _round(args: argparse.Namespace, run_dir: Path, rnd: int) -> dict[str, float
     for path in run_dir.glob("plain-*.pth"):
         path.unlink()
     held, sync = timers[True], timers[False]
-    row = {"async": held.blocked / max(1, held.calls), "first": held.first, "sync": sync.blocked / max(1, sync.calls),
+    row = {"async": held.per_checkpoint, "first": held.first, "sync": sync.per_checkpoint,
            "final_wait": held.final_wait, "final": held.final, "plain": plain, "plain_fsync": plain_fsync}
     row.update(async_ratio=row["async"] / plain, first_ratio=row["first"] / plain, sync_ratio=row["sync"] / plain,
                final_ratio=row["final"] / plain_fsync)

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _checkpoint_timer import CheckpointTimer
 from _mse_trial import MSETrial
 from torch import nn
 
 from determined_trials import pytorch
-from determined_trials.loop import _checkpointing
 
 __all__ = ["main"]
 
@@ -72,35 +72,6 @@ class _Trial(MSETrial):
         return pytorch.DataLoader(val, batch_size=8)  # one batch a rank: a sharded forward needs both
 
 
-class _Timer:
-    """Wall time the training thread spends in Checkpointer.save (not the final one) and poll."""
-
-    def __init__(self) -> None:
-        self.blocked, self.calls = 0.0, 0
-        self._originals = {name: getattr(_checkpointing.Checkpointer, name) for name in ("save", "poll")}
-
-    def __enter__(self) -> _Timer:
-        for name, original in self._originals.items():
-            setattr(_checkpointing.Checkpointer, name, self._timed(original, name == "save"))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for name, original in self._originals.items():
-            setattr(_checkpointing.Checkpointer, name, original)
-
-    def _timed(self, original: Any, counts: bool) -> Any:
-        def timed(checkpointer: Any, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return original(checkpointer, *args, **kwargs)
-            finally:
-                if not kwargs.get("final"):
-                    self.blocked += time.perf_counter() - start
-                    self.calls += counts
-
-        return timed
-
-
 def _fit(args: argparse.Namespace, run_dir: Path, *, fsdp: bool, period: int | None) -> tuple[float, float, Any]:
     """(loop held per checkpoint, seconds per batch, trial)."""
     hparams = {"global_batch_size": 2 * BATCH, "width": args.width, "depth": args.depth, "fsdp": fsdp}
@@ -108,14 +79,14 @@ def _fit(args: argparse.Namespace, run_dir: Path, *, fsdp: bool, period: int | N
               "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": args.batches}}}
     with pytorch.init(exp_conf=config, run_dir=str(run_dir), enable_tensorboard_logging=False) as context:
         trial = _Trial(context)
-        with _Timer() as timer:
+        with CheckpointTimer() as timer:
             start = time.perf_counter()
             pytorch.Trainer(trial, context).fit(
                 max_length=pytorch.Batch(args.batches), checkpoint_period=pytorch.Batch(period or 10**9),
                 reporting_period=pytorch.Batch(max(1, args.period // 2)), checkpoint_policy="none",
                 show_progress=False)
             total = time.perf_counter() - start
-    return timer.blocked / max(1, timer.calls), total / args.batches, trial
+    return timer.per_checkpoint, total / args.batches, trial
 
 
 def _sync_dcp_save(trial: Any, folder: Path) -> float:

@@ -11,81 +11,25 @@ on the same number of processes, and what a resharded resume loads, are compared
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import socket
-import subprocess
-import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _two_ranks as two_ranks
 import pytest
 import torch
 from _fsdp_worker import run
+from _two_ranks import Results
 
 from determined_trials import core
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
 HERE = Path(__file__).resolve().parent
+RUN_S = 240  # both ranks' whole plan, to their exit
 WORKER = HERE / "_fsdp_worker.py"
 ATOL, RTOL = 1e-6, 1e-5
 STOP = 4  # stop after batch_idx 4: 5 batches trained, mid-epoch 0 (6 a epoch), after the checkpoint at 4
 CLIP = 0.5
-
-Results = dict[str, list[dict[str, Any]]]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _ranks(tmp: Path, scenarios: list[dict[str, Any]]) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """2 worker processes with torchrun's variables; whatever is left is killed on the way out."""
-    plan = tmp / "plan.json"
-    plan.write_text(json.dumps({"out": str(tmp), "scenarios": scenarios}))
-    base = {
-        **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
-        "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "DET_JOB_ID": uuid.uuid4().hex,
-        "DET_RUN_DIR": str(tmp / "run"), "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-    }
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for rank in range(2):
-            with open(tmp / f"rank{rank}.log", "wb") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, str(WORKER), str(plan)], env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                    stdout=log, stderr=subprocess.STDOUT,
-                ))
-        yield procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=30)
-
-
-def _launch(tmp: Path, scenarios: list[dict[str, Any]]) -> Results:
-    with _ranks(tmp, scenarios) as procs:
-        for rank, proc in enumerate(procs):
-            try:
-                proc.wait(timeout=240)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"rank {rank} did not finish in 240 s:\n{_log(tmp, rank)[-4000:]}")
-            assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{_log(tmp, rank)[-4000:]}"
-    return {s["name"]: [json.loads((tmp / f"{s['name']}-rank{r}.json").read_text()) for r in range(2)]
-            for s in scenarios}
-
-
-def _log(tmp: Path, rank: int) -> str:
-    return (tmp / f"rank{rank}.log").read_text(errors="replace")
 
 
 def _last_checkpoint(run_dir: Path, trial_id: int) -> str:
@@ -110,7 +54,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Results, dict[str, P
         results["stop_one"] = [run({"run_dir": str(dirs["one_to_two"]), "stop_after": STOP}, 0)]
         one_ckpt = _last_checkpoint(dirs["one_to_two"], results["stop_one"][0]["trial_id"])
         agg = {"aggregation": 2, "scheduler": False}
-        results.update(_launch(tmp, [
+        results.update(two_ranks.launch(WORKER, tmp, [
             {"name": "two", "run_dir": str(dirs["two"])},
             {"name": "stop_two", "run_dir": str(dirs["stop"]), "stop_after": STOP},
             {"name": "resume_two", "run_dir": str(dirs["stop"]), "latest_checkpoint": "latest"},
@@ -127,7 +71,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Results, dict[str, P
             {"name": "stop_for_one", "run_dir": str(dirs["two_to_one"]), "stop_after": STOP},
             {"name": "errors", "errors": True},
             {"name": "prepare_fails", "run_dir": str(dirs["fails"]), "prepare_fails": True},
-        ]))
+        ], RUN_S))
         two_ckpt = _last_checkpoint(dirs["two_to_one"], results["stop_for_one"][0]["trial_id"])
         results["resume_one"] = [run({"run_dir": str(dirs["two_to_one"]), "latest_checkpoint": two_ckpt}, 0)]
     return results, dirs

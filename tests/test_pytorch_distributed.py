@@ -11,22 +11,17 @@ record counts and integer metrics are compared exactly.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import socket
 import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _two_ranks as two_ranks
 import pytest
 import torch
 from _pytorch_dist_trials import LENGTH, VALIDATION_RECORDS, config
 from _pytorch_dist_worker import run
+from _two_ranks import Results
 
 from determined_trials import core
 from determined_trials._trial_context import TrialContext
@@ -36,68 +31,13 @@ from determined_trials.errors import ConfigError
 pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
 
 HERE = Path(__file__).resolve().parent
+RUN_S = 120  # both ranks' whole plan, to their exit
 WORKER = HERE / "_pytorch_dist_worker.py"
 ATOL, RTOL = 1e-6, 1e-5
 STOP_2 = 6  # the 2-rank run stops after batch_idx 6 (7 trained: mid-epoch 1, between reports at 6 and 9)
 STOP_1 = 3  # the 1-rank run stops after batch_idx 3 (4 trained: mid-epoch 0, between reports at 3 and 6)
 HANG_TIMEOUT_S = 5
 HANG_BOUND_S = 2 * HANG_TIMEOUT_S + 10  # gloo's timeout, then at most one more asking the ranks, then exit
-
-Results = dict[str, list[dict[str, Any]]]  # scenario name -> one result per rank
-
-
-# -- launching ranks -------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _ranks(tmp: Path, scenarios: list[dict[str, Any]], **env: str) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Start 2 worker processes with torchrun's variables; kill whatever is left on the way out."""
-    plan = tmp / "plan.json"
-    plan.write_text(json.dumps({"out": str(tmp), "scenarios": scenarios}))
-    base = {
-        **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
-        "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "DET_JOB_ID": uuid.uuid4().hex,
-        "DET_RUN_DIR": str(tmp / "run"), "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), **env,
-    }
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for rank in range(2):
-            with open(tmp / f"rank{rank}.log", "wb") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, str(WORKER), str(plan)], env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                    stdout=log, stderr=subprocess.STDOUT,
-                ))
-        yield procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=30)
-        assert all(proc.poll() is not None for proc in procs), "a rank process was left behind"
-
-
-def _log(tmp: Path, rank: int) -> str:
-    return (tmp / f"rank{rank}.log").read_text(errors="replace")
-
-
-def _launch(tmp: Path, scenarios: list[dict[str, Any]]) -> Results:
-    """Run the scenarios on 2 ranks; both must exit 0 within 120 s."""
-    with _ranks(tmp, scenarios) as procs:
-        for rank, proc in enumerate(procs):
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"rank {rank} did not finish in 120 s:\n{_log(tmp, rank)[-4000:]}")
-            assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{_log(tmp, rank)[-4000:]}"
-    return {s["name"]: [json.loads((tmp / f"{s['name']}-rank{r}.json").read_text()) for r in range(2)]
-            for s in scenarios}
 
 
 def _only_checkpoint(run_dir: Path, trial_id: int) -> str:
@@ -118,12 +58,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Results, dict[str, P
         results["one_agg"] = [run({"run_dir": str(dirs["one_agg"]), "aggregation": 2}, 0)]
         results["stop_one"] = [run({"run_dir": str(dirs["one_to_two"]), "stop_after": STOP_1}, 0)]
         one_ckpt = _only_checkpoint(dirs["one_to_two"], results["stop_one"][0]["trial_id"])
-        results.update(_launch(tmp, [
+        results.update(two_ranks.launch(WORKER, tmp, [
             {"name": "two", "run_dir": str(dirs["two"])},
             {"name": "two_agg", "run_dir": str(dirs["two_agg"]), "aggregation": 2},
             {"name": "stop_two", "run_dir": str(dirs["two_to_one"]), "stop_after": STOP_2},
             {"name": "resume_two", "run_dir": str(dirs["one_to_two"]), "latest_checkpoint": one_ckpt},
-        ]))
+        ], RUN_S))
         two_ckpt = _only_checkpoint(dirs["two_to_one"], results["stop_two"][0]["trial_id"])
         results["resume_one"] = [run({"run_dir": str(dirs["two_to_one"]), "latest_checkpoint": two_ckpt}, 0)]
     return results, dirs
@@ -356,20 +296,21 @@ def test_a_hung_rank_is_named_after_a_bounded_time(tmp_path: Path) -> None:
     names rank 1."""
     flag = tmp_path / "hung"
     scenario = {"name": "hang", "run_dir": str(tmp_path / "run"), "hang_at": 3, "hang_rank": 1, "flag": str(flag)}
-    with _ranks(tmp_path, [scenario], DET_COLLECTIVE_TIMEOUT=str(HANG_TIMEOUT_S)) as procs:
+    with two_ranks.ranks(WORKER, tmp_path, [scenario], DET_COLLECTIVE_TIMEOUT=str(HANG_TIMEOUT_S)) as procs:
         deadline = time.monotonic() + 90
         while not flag.exists():
-            assert procs[0].poll() is None and procs[1].poll() is None, _log(tmp_path, 0) + _log(tmp_path, 1)
+            assert procs[0].poll() is None and procs[1].poll() is None, \
+                two_ranks.log(tmp_path, 0) + two_ranks.log(tmp_path, 1)
             assert time.monotonic() < deadline, "rank 1 never reached batch 3"
             time.sleep(0.05)
         hung_at = time.monotonic()
         try:
             procs[0].wait(timeout=HANG_BOUND_S)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"rank 0 still waits {HANG_BOUND_S} s after rank 1 hung:\n{_log(tmp_path, 0)}")
+            pytest.fail(f"rank 0 still waits {HANG_BOUND_S} s after rank 1 hung:\n{two_ranks.log(tmp_path, 0)}")
         waited = time.monotonic() - hung_at
         assert procs[1].poll() is None  # still asleep: killed on the way out
-    output = _log(tmp_path, 0)
+    output = two_ranks.log(tmp_path, 0)
     assert procs[0].returncode not in (0, None), output
     assert HANG_TIMEOUT_S <= waited <= HANG_BOUND_S, waited  # measured: ~10.8 s
     assert "Timed out" in output  # gloo's own error, kept as the cause
