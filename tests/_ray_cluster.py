@@ -16,11 +16,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 __all__ = ["LocalRayCluster", "can_hide_folders", "driving"]
 
 _RAY = str(Path(sys.executable).with_name("ray"))
 _START_TIMEOUT_S = 180.0
+_MARKER_ENV = "DET_TEST_RAY_CLUSTER"  # set on the cluster's nodes: their workers and trials inherit it
 
 
 def _free_ports(count: int) -> list[int]:
@@ -68,7 +70,7 @@ class LocalRayCluster:
         self.driver_env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
         # Trials give up on a runner that stopped answering after 30 s (default 120 s).
         self._env = {**os.environ, **self.driver_env, "RAY_memory_monitor_refresh_ms": "0",
-                     "DET_STORE_CHANNEL_TIMEOUT": "30"}
+                     "DET_STORE_CHANNEL_TIMEOUT": "30", _MARKER_ENV: str(self.temp)}
 
     def _spawn(self, cmd: list[str], log: str) -> None:
         with open(self.temp / log, "wb") as out:
@@ -106,6 +108,19 @@ class LocalRayCluster:
                 time.sleep(0.5)
         finally:
             ray.shutdown()
+
+    def processes(self, fragment: str) -> list[Any]:
+        """This cluster's live processes (its workers and what they started, which inherit its marker
+        variable) whose command line holds ``fragment``; another test run's cluster on the host is not seen."""
+        import psutil
+
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if (fragment in " ".join(proc.info["cmdline"] or [])
+                        and proc.environ().get(_MARKER_ENV) == str(self.temp)):
+                    found.append(proc)
+        return found
 
     def placement_groups(self) -> list[str]:
         """The states of the cluster's placement groups."""

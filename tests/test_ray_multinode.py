@@ -5,7 +5,6 @@ cluster is refused before anything runs; every rank's lines reach the runner's t
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import re
@@ -240,18 +239,6 @@ def test_more_slots_than_the_cluster_has_are_refused_before_anything_runs(
     assert LocalStore(tmp_path / "runs").trials(1) == []
 
 
-def _no_trial_process_left() -> None:
-    """No rank or launcher of the test trial is still running (on any node: they all run here)."""
-    import psutil
-
-    left = []
-    for proc in psutil.process_iter(["cmdline"]):
-        with contextlib.suppress(psutil.Error):
-            if "spread_trial.py:SpreadTrial" in " ".join(proc.info["cmdline"] or []):
-                left.append(proc)
-    assert left == []
-
-
 def _actor_of(pid: int) -> int:
     """The Ray actor's worker process above a rank's process."""
     import psutil
@@ -262,7 +249,8 @@ def _actor_of(pid: int) -> int:
     raise AssertionError(f"no TrialActor above process {pid}")
 
 
-def _kill_part_of_node_one(run_dir: Path, what: str, killed: list[int]) -> None:
+def _kill_part_of_node_one(run_dir: Path, what: str, killed: list[int], cluster: LocalRayCluster,
+                           seen: list[bool]) -> None:
     def checkpointed(store: LocalStore) -> int | None:
         latest = store.latest_checkpoint(1) if store.trials(1) else None
         return latest.steps_completed if latest else None
@@ -270,6 +258,8 @@ def _kill_part_of_node_one(run_dir: Path, what: str, killed: list[int]) -> None:
     steps = _when(run_dir, checkpointed)
     log = run_dir / "experiments" / "1" / "trial_1.log"
     _, pid = _when(run_dir, lambda _: _ranks(log).get(1))
+    # the check that nothing is left at the end can see this cluster's trial processes
+    seen.append(pid in [proc.pid for proc in cluster.processes("spread_trial.py:SpreadTrial")])
     # a rank dies mid-training, or the Ray worker that runs node 1's part (as when Ray loses it)
     os.kill(pid if what == "rank" else _actor_of(pid), signal.SIGKILL)
     killed.append(steps)
@@ -281,11 +271,12 @@ def test_a_part_killed_on_one_node_restarts_the_trial_from_its_checkpoint(
         capsys: pytest.CaptureFixture[str]) -> None:
     config, ctx = _context(tmp_path, sleep=0.5)
     killed: list[int] = []
-    killer = threading.Thread(target=_kill_part_of_node_one, args=(tmp_path / "runs", what, killed))
+    seen: list[bool] = []
+    killer = threading.Thread(target=_kill_part_of_node_one, args=(tmp_path / "runs", what, killed, cluster, seen))
     killer.start()
     assert create(tmp_path / "runs", config, ctx, "--ray", cluster.address) == 0
     killer.join(timeout=60)
-    assert killed
+    assert killed and seen == [True]
     store = LocalStore(tmp_path / "runs")
     assert store.trial(1).state == "COMPLETED" and store.trial(1).restarts == 1
     out = capsys.readouterr().out
@@ -293,7 +284,7 @@ def test_a_part_killed_on_one_node_restarts_the_trial_from_its_checkpoint(
     uninterrupted = _weights(LocalStore(spread_run[0]))
     for name, tensor in _weights(store).items():
         assert torch.equal(tensor, uninterrupted[name]), name
-    _no_trial_process_left()
+    assert cluster.processes("spread_trial.py:SpreadTrial") == []  # no rank or launcher of the trial left
     cluster.wait_for_free_cpus(2, timeout=60)  # every actor of the failed run ended
 
 
@@ -310,7 +301,7 @@ def test_pause_stops_both_nodes_with_one_checkpoint_and_continue_finishes_it(
         if runner.poll() is None:
             os.killpg(runner.pid, signal.SIGKILL)
             runner.wait(timeout=30)
-    _no_trial_process_left()
+    assert cluster.processes("spread_trial.py:SpreadTrial") == []  # no rank or launcher of the trial left
     store = LocalStore(run_dir)
     assert store.experiment(1).state == "PAUSED" and store.trial(1).state == "PAUSED"
     steps = [c.steps_completed for c in store.checkpoints(trial_id=1)]
