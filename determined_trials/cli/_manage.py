@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from determined_trials._format import flat_hparams, local_time, text
 from determined_trials.cli import _common
 from determined_trials.cli._run import checkpoint_storage_for, group_of
+from determined_trials.core.store import RunState
 from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import release_dead_owners
 
@@ -116,7 +117,7 @@ def _describe(args: argparse.Namespace) -> int:
     pairs = [
         ("experiment", f"{exp.id} ({exp.name})"),
         ("state", trial.state + (f" ({trial.reason})" if trial.reason else "")),
-        ("status", trial.status if trial.state == "ACTIVE" else None),
+        ("status", trial.status if trial.state == RunState.ACTIVE else None),
         ("hparams", " ".join(flat_hparams(trial.hparams))),
         ("seed", str(trial.seed)),
         ("restarts", str(trial.restarts)),

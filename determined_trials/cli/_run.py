@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from determined_trials.cli import _common
+from determined_trials.core.store import CheckpointState, RunState
 from determined_trials.core.store._local import LocalStore
 
 __all__ = ["checkpoint_storage_for", "group_of", "register", "trial_log_path"]
 
-_EXIT = {"COMPLETED": 0, "ERROR": 1, "CANCELED": 3, "PAUSED": 75}
+_EXIT: dict[str, int] = {RunState.COMPLETED: 0, RunState.ERROR: 1, RunState.CANCELED: 3, RunState.PAUSED: 75}
 _FOLLOW_POLL_S = 0.2
 
 
@@ -141,7 +142,7 @@ def _follow(store: LocalStore, trial_id: int, path: Path, offset: int) -> None:
                 sys.stdout.flush()
                 continue
             release_dead_owners(store)
-            if store.trial(trial_id).state != "ACTIVE":
+            if store.trial(trial_id).state != RunState.ACTIVE:
                 sys.stdout.write(log.read().decode("utf-8", errors="replace"))
                 return
             time.sleep(_FOLLOW_POLL_S)
@@ -170,7 +171,7 @@ def _export(args: argparse.Namespace) -> int:
 
     store = _common.open_store(args)
     record = store.checkpoint(args.uuid)
-    if record.state == "DELETED":
+    if record.state == CheckpointState.DELETED:
         raise _common.CliError(f"checkpoint {args.uuid} was deleted (checkpoint GC); `det-trials checkpoint "
                                "list` shows the ones kept")
     dest = Path(args.dest)

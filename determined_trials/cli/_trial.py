@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from determined_trials._format import Column, emit, flat_hparams, table
 from determined_trials.cli import _common
+from determined_trials.core.store import RunState
 from determined_trials.core.store._local import MetricRecord, Trial
 
 __all__ = ["register", "write_trial_table"]
@@ -40,7 +41,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _trial_row(t: Trial) -> list[Any]:
-    status = (t.status or "") if t.state == "ACTIVE" else ""  # what a running trial is doing, only
+    status = (t.status or "") if t.state == RunState.ACTIVE else ""  # what a running trial is doing, only
     if t.early_exit_reason:
         status = f"{status} [early exit: {t.early_exit_reason}]".strip()
     return [t.id, t.experiment_id, t.state, t.seed, t.progress, t.restarts, status,

@@ -31,6 +31,7 @@ from determined_trials.core._searcher import (
 from determined_trials.core._train import EarlyExitReason, TensorboardMode, TrainContext
 from determined_trials.core.channel._client import open_store
 from determined_trials.core.storage import storage_from_spec
+from determined_trials.core.store import RunState
 from determined_trials.core.store._checkpoint_recovery import (
     recover_checkpoints,
     recover_run_checkpoints,
@@ -132,12 +133,12 @@ class Context:
         if isinstance(exc, TrainingInterrupted):
             exc = None  # Ctrl-C stopped training with a checkpoint: resumable, not an error
         if exc is not None:
-            state, reason = "ERROR", f"{type(exc).__name__}: {exc}"
+            state, reason = RunState.ERROR, f"{type(exc).__name__}: {exc}"
         elif self.preempt.acknowledged:
-            state, reason = "PAUSED", "preempted"
+            state, reason = RunState.PAUSED, "preempted"
             _mark_preempted_for_launcher()
         else:
-            state, reason = "COMPLETED", None
+            state, reason = RunState.COMPLETED, None
         self.store.set_trial_state(trial_id, state, reason)
         if get_cluster_info() is None:  # a bare script is its own one-trial experiment
             self.store.set_experiment_state(self.info.trial.experiment_id, state, reason)

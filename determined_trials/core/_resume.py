@@ -13,6 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Protocol
 
 from determined_trials._info import TrialInfo
+from determined_trials.core.store import RunState
 from determined_trials.core.store._owner import claim_experiment
 from determined_trials.core.store._records import NotFoundError
 
@@ -90,8 +91,8 @@ def resume_bare_trial(context: Context, storage_id: str) -> None:
         if adopted is not None:
             store, mine = context.store, context.info.trial
             store.delete_experiment(mine.experiment_id)
-            store.set_trial_state(adopted.trial_id, "ACTIVE")
-            store.set_experiment_state(adopted.experiment_id, "ACTIVE")
+            store.set_trial_state(adopted.trial_id, RunState.ACTIVE)
+            store.set_experiment_state(adopted.experiment_id, RunState.ACTIVE)
             claim_experiment(store, adopted.experiment_id)  # ours now, not the earlier (dead) run's
     if dist.get_size() > 1:
         adopted = dist.broadcast(adopted)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 
+from determined_trials.core.store import RunState
 from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import owner_alive, release_dead_owners
 from determined_trials.experiment._errors import ExperimentError
@@ -20,14 +21,13 @@ __all__ = ["CONTINUE_LOG", "activate_experiment", "kill_experiment", "live_owner
 
 KILL_WAIT_S = 120.0
 CONTINUE_LOG = "continue.log"
-_UNFINISHED = ("ACTIVE", "PAUSED")
 
 
 def live_owner(store: LocalStore, experiment_id: int) -> int | None:
     """The pid of the process running the experiment, or ``None`` (dead owners are released first)."""
     release_dead_owners(store)
     owner = store.experiment_owner(experiment_id)
-    if store.experiment(experiment_id).state == "ACTIVE" and owner is not None and owner_alive(*owner):
+    if store.experiment(experiment_id).state == RunState.ACTIVE and owner is not None and owner_alive(*owner):
         return owner[0]
     return None
 
@@ -53,16 +53,16 @@ def kill_experiment(store: LocalStore, experiment_id: int) -> None:
     """Mark the experiment CANCELED, stop its process (if it runs: seeing CANCELED, the runner kills its trials
     and ends CANCELED, not PAUSED) and mark its unfinished trials CANCELED."""
     exp = store.experiment(experiment_id)
-    if exp.state not in _UNFINISHED:
+    if exp.state not in RunState.UNFINISHED:
         raise ExperimentError(f"experiment {exp.id} is {exp.state} already; nothing to kill")
     pid = live_owner(store, exp.id)
-    store.set_experiment_state(exp.id, "CANCELED", KILLED_REASON)  # first: the runner reads it on the signal
+    store.set_experiment_state(exp.id, RunState.CANCELED, KILLED_REASON)  # first: the runner reads it on the signal
     if pid is not None:
         stop_runner(exp.id, pid)
     for trial in store.trials(exp.id):
-        if trial.state in _UNFINISHED:
-            store.set_trial_state(trial.id, "CANCELED", "experiment killed")
-    store.set_experiment_state(exp.id, "CANCELED", KILLED_REASON)
+        if trial.state in RunState.UNFINISHED:
+            store.set_trial_state(trial.id, RunState.CANCELED, "experiment killed")
+    store.set_experiment_state(exp.id, RunState.CANCELED, KILLED_REASON)
 
 
 def pause_experiment(store: LocalStore, experiment_id: int) -> None:
@@ -84,7 +84,7 @@ def activate_experiment(store: LocalStore, experiment_id: int) -> int:
     its output in the experiment's folder (``continue.log``); returns its pid."""
     release_dead_owners(store)
     exp = store.experiment(experiment_id)
-    if exp.state != "PAUSED" or exp.searcher_state is None or exp.model_dir is None:
+    if exp.state != RunState.PAUSED or exp.searcher_state is None or exp.model_dir is None:
         raise ExperimentError(f"experiment {exp.id} is {exp.state}, not a paused experiment of "
                               "`det-trials experiment create`: only those can continue")
     log_path = Path(exp.model_dir).parent / CONTINUE_LOG
@@ -102,7 +102,7 @@ def _wait_for_start(store: LocalStore, experiment_id: int, proc: subprocess.Pope
     """Return once the continued runner recorded the experiment ACTIVE (or raise if it exited first)."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if store.experiment(experiment_id).state == "ACTIVE":
+        if store.experiment(experiment_id).state == RunState.ACTIVE:
             return
         code = proc.poll()
         if code is not None:

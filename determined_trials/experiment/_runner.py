@@ -16,6 +16,7 @@ from types import FrameType
 from typing import Any
 
 from determined_trials.core.storage import storage_from_spec
+from determined_trials.core.store import RunState
 from determined_trials.core.store._checkpoint_recovery import recover_checkpoints
 from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import claim_experiment
@@ -31,7 +32,6 @@ __all__ = ["KILLED_REASON", "ExperimentRunner", "Work"]
 
 _POLL_S = 0.05
 _STATE_VERSION = 1
-_TERMINAL = ("COMPLETED", "ERROR", "CANCELED")
 KILLED_REASON = "killed with `det-trials experiment kill`"
 
 
@@ -128,7 +128,7 @@ class ExperimentRunner:
     def run(self) -> str:
         """Run until every trial ended, the experiment failed, or a stop was requested; returns the
         experiment's state (COMPLETED, ERROR, PAUSED, or CANCELED after `det-trials experiment kill`)."""
-        self.store.set_experiment_state(self.experiment_id, "ACTIVE")
+        self.store.set_experiment_state(self.experiment_id, RunState.ACTIVE)
         claim_experiment(self.store, self.experiment_id)
         with _stop_signals(self.request_stop):
             try:
@@ -156,7 +156,7 @@ class ExperimentRunner:
     def _apply_stop(self) -> None:
         if self._stop_requests > self._stop_requests_seen:  # a new signal: from `experiment kill`? (even mid-pause)
             self._stop_requests_seen = self._stop_requests
-            if not self._canceled and self.store.experiment(self.experiment_id).state == "CANCELED":
+            if not self._canceled and self.store.experiment(self.experiment_id).state == RunState.CANCELED:
                 self._canceled = self._pausing = True
                 self._say("the experiment was killed (`det-trials experiment kill`): stopping its trials now")
                 self._kill_all()
@@ -202,7 +202,7 @@ class ExperimentRunner:
         trial_id = work.trial_id
         length = self._searcher.next_length(work.request_id)
         if length is None:
-            self.store.set_trial_state(trial_id, "COMPLETED", "stopped by the searcher")
+            self.store.set_trial_state(trial_id, RunState.COMPLETED, "stopped by the searcher")
             self._collect([trial_id])
             return
         trial = self.store.trial(trial_id)
@@ -215,7 +215,7 @@ class ExperimentRunner:
         )
         trial_dir = self._exp_dir / f"trial_{trial_id}"
         gpus = self._take_gpus()
-        self.store.set_trial_state(trial_id, "ACTIVE")
+        self.store.set_trial_state(trial_id, RunState.ACTIVE)
         where = f" from checkpoint {latest.uuid} (step {latest.steps_completed})" if latest else ""
         self._say(f"trial {trial_id} starts{where}: training to length {length}")
         proc = self._executor.start(TrialJob(
@@ -244,11 +244,11 @@ class ExperimentRunner:
         self._echo_for(_trial_id(running.work)).flush()
         trial = self.store.trial(_trial_id(running.work))
         if self._canceled:
-            self.store.set_trial_state(trial.id, "CANCELED", "experiment killed")
+            self.store.set_trial_state(trial.id, RunState.CANCELED, "experiment killed")
             self._collect([trial.id])
-        elif code == 0 and trial.state != "PAUSED":
+        elif code == 0 and trial.state != RunState.PAUSED:
             self._on_done(running)
-        elif code == PREEMPTED_EXIT_CODE or trial.state == "PAUSED" or running.proc.terminated:
+        elif code == PREEMPTED_EXIT_CODE or trial.state == RunState.PAUSED or running.proc.terminated:
             self._on_preempted(running)
         else:
             self._on_failed(running, code)
@@ -263,17 +263,17 @@ class ExperimentRunner:
             why = f"exited early ({early})" if early else missing_metric_reason(self._config.searcher, running.length)
             if why is not None:
                 self._say(f"trial {trial_id} {why}")
-            self.store.set_trial_state(trial_id, "COMPLETED", why)
+            self.store.set_trial_state(trial_id, RunState.COMPLETED, why)
             self._collect([trial_id])
             self._add_requests(self._searcher.on_trial_exited_early(work.request_id))
             return
         self._add_requests(self._searcher.on_validation(work.request_id, running.length, metric))
         following = self._searcher.next_length(work.request_id)
         if following is not None and following > running.length:
-            self.store.set_trial_state(trial_id, "ACTIVE")
+            self.store.set_trial_state(trial_id, RunState.ACTIVE)
             self._queue.insert(0, work)
         else:
-            self.store.set_trial_state(trial_id, "COMPLETED")
+            self.store.set_trial_state(trial_id, RunState.COMPLETED)
             self._ended_by_searcher[trial_id] = (work, running.length)
             self._collect([trial_id])
         self._requeue_promoted()
@@ -281,10 +281,10 @@ class ExperimentRunner:
     def _on_preempted(self, running: _Running) -> None:
         trial_id = _trial_id(running.work)
         if self._failure is not None:
-            self.store.set_trial_state(trial_id, "CANCELED", "stopped: another trial failed the experiment")
+            self.store.set_trial_state(trial_id, RunState.CANCELED, "stopped: another trial failed the experiment")
             self._collect([trial_id])
         elif self._pausing:
-            self.store.set_trial_state(trial_id, "PAUSED", "experiment paused")
+            self.store.set_trial_state(trial_id, RunState.PAUSED, "experiment paused")
             self._queue.insert(0, running.work)
         else:
             self._say(f"trial {trial_id} was preempted: resuming it from its latest checkpoint")
@@ -297,7 +297,7 @@ class ExperimentRunner:
         previous = self.store.trial(trial_id)
         before, self._last_failure[trial_id] = self._last_failure.get(trial_id), reason
         if _same_failure(before, reason) and not self._reported_anything(trial_id):
-            self.store.set_trial_state(trial_id, "ERROR", reason)
+            self.store.set_trial_state(trial_id, RunState.ERROR, reason)
             self._failure = f"trial {trial_id} failed twice the same way before reporting anything: {reason}"
             self._say(f"trial {trial_id} failed again the same way before its first report: not restarting it")
             self._end_failed(work)
@@ -305,10 +305,10 @@ class ExperimentRunner:
         if previous.restarts < limit:
             restarts = self.store.increment_trial_restarts(trial_id)
             self._say(f"trial {trial_id} failed; restart {restarts} of {limit} from its latest checkpoint")
-            self.store.set_trial_state(trial_id, "ACTIVE", reason)
+            self.store.set_trial_state(trial_id, RunState.ACTIVE, reason)
             self._queue.insert(0, work)
             return
-        self.store.set_trial_state(trial_id, "ERROR", reason)
+        self.store.set_trial_state(trial_id, RunState.ERROR, reason)
         self._failure = f"trial {trial_id} failed and max_restarts ({limit}) is used up: {reason}"
         self._say(f"trial {trial_id} failed after {limit} restart(s): the experiment fails")
         self._end_failed(work)
@@ -336,7 +336,7 @@ class ExperimentRunner:
             following = self._searcher.next_length(work.request_id)
             if following is not None and following > length:
                 del self._ended_by_searcher[trial_id]
-                self.store.set_trial_state(trial_id, "ACTIVE")
+                self.store.set_trial_state(trial_id, RunState.ACTIVE)
                 self._queue.insert(0, work)
 
     # -- the end ----------------------------------------------------------------------------------
@@ -347,30 +347,30 @@ class ExperimentRunner:
         self._executor.close()
         self._display.close()
         if self._canceled:
-            state, reason = "CANCELED", KILLED_REASON
+            state, reason = RunState.CANCELED, KILLED_REASON
             for trial in self.store.trials(self.experiment_id):
-                if trial.state not in _TERMINAL:
-                    self.store.set_trial_state(trial.id, "CANCELED", "experiment killed")
+                if trial.state not in RunState.TERMINAL:
+                    self.store.set_trial_state(trial.id, RunState.CANCELED, "experiment killed")
             self._queue.clear()
         elif self._failure is not None:
-            state, reason = "ERROR", self._failure
+            state, reason = RunState.ERROR, self._failure
             for trial in self.store.trials(self.experiment_id):
-                if trial.state not in _TERMINAL:
-                    self.store.set_trial_state(trial.id, "CANCELED", "the experiment failed")
+                if trial.state not in RunState.TERMINAL:
+                    self.store.set_trial_state(trial.id, RunState.CANCELED, "the experiment failed")
             self._queue.clear()
         elif self._pausing:
-            state = "PAUSED"
+            state = RunState.PAUSED
             for work in self._queue:
-                if work.trial_id is not None and self.store.trial(work.trial_id).state == "ACTIVE":
-                    self.store.set_trial_state(work.trial_id, "PAUSED", "experiment paused")
+                if work.trial_id is not None and self.store.trial(work.trial_id).state == RunState.ACTIVE:
+                    self.store.set_trial_state(work.trial_id, RunState.PAUSED, "experiment paused")
             reason = f"paused; resume with `det-trials experiment continue {self.experiment_id}`"
         else:
-            state, reason = "COMPLETED", None
-        ended = [t.id for t in self.store.trials(self.experiment_id) if t.state in _TERMINAL]
+            state, reason = RunState.COMPLETED, None
+        ended = [t.id for t in self.store.trials(self.experiment_id) if t.state in RunState.TERMINAL]
         self._collect(ended)
         self.store.set_searcher_state(self.experiment_id, self.state_dict())
         self.store.set_experiment_state(self.experiment_id, state, reason)
-        return state
+        return state.value  # the plain text, as the store's records hold it
 
     def _say(self, message: str) -> None:
         self._display.echo(f"det-trials: {message}")

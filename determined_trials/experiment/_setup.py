@@ -17,6 +17,7 @@ import yaml
 
 from determined_trials.config import ConfigWarning, ExperimentConfig, load_config
 from determined_trials.core._context import resolve_run_dir
+from determined_trials.core.store import RunState
 from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import release_dead_owners
 from determined_trials.errors import ConfigError
@@ -177,10 +178,11 @@ def continue_experiment(
     store = LocalStore(resolve_run_dir(run_dir), create=False)
     release_dead_owners(store)  # a runner killed with kill -9 left its experiment ACTIVE: resumable
     exp = store.experiment(experiment_id)
-    if exp.state != "PAUSED" or exp.searcher_state is None or exp.model_dir is None:
-        hint = {"ACTIVE": "it is running; pause it with Ctrl-C or SIGTERM first",
-                "COMPLETED": "it has finished", "ERROR": "it failed; create a new experiment",
-                "CANCELED": "it was killed; create a new experiment (its checkpoints are kept)"}
+    if exp.state != RunState.PAUSED or exp.searcher_state is None or exp.model_dir is None:
+        hint: dict[str, str] = {
+            RunState.ACTIVE: "it is running; pause it with Ctrl-C or SIGTERM first",
+            RunState.COMPLETED: "it has finished", RunState.ERROR: "it failed; create a new experiment",
+            RunState.CANCELED: "it was killed; create a new experiment (its checkpoints are kept)"}
         raise ExperimentError(f"experiment {experiment_id} is {exp.state}, not PAUSED: "
                               f"{hint.get(exp.state, 'only a paused experiment can continue')}")
     parsed = load_config(exp.config)

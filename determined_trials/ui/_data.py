@@ -11,6 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from determined_trials.core.store import RunState
 from determined_trials.core.store._local import CheckpointRecord, Experiment, LocalStore, Trial
 from determined_trials.core.store._owner import owner_alive
 from determined_trials.ui._downsample import keep_indices
@@ -61,7 +62,7 @@ def _searcher(exp: Experiment) -> dict[str, Any]:
 
 def _running(store: LocalStore, exp: Experiment) -> bool:
     """Whether a live process runs the experiment (an ACTIVE one whose process died is not running)."""
-    owner = store.experiment_owner(exp.id) if exp.state == "ACTIVE" else None
+    owner = store.experiment_owner(exp.id) if exp.state == RunState.ACTIVE else None
     return owner is not None and owner_alive(*owner)
 
 
@@ -69,7 +70,7 @@ def _progress(trial_list: list[Trial]) -> float | None:
     """The experiment's progress: the mean of its trials' (a finished trial counts as done)."""
     if not trial_list:
         return None
-    done = [1.0 if t.state == "COMPLETED" else min(max(t.progress or 0.0, 0.0), 1.0) for t in trial_list]
+    done = [1.0 if t.state == RunState.COMPLETED else min(max(t.progress or 0.0, 0.0), 1.0) for t in trial_list]
     return sum(done) / len(done)
 
 

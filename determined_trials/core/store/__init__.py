@@ -4,8 +4,13 @@ Owns the schema (``_schema``), the writes (``_local``: ``LocalStore``), the read
 (``_reads``, ``_records``), training reports held and stored a second at a time (``_report_buffer``),
 experiment owners (``_owner``: pid + start time), settling checkpoints a killed writer left
 (``_checkpoint_recovery``) and the checkpoint retention policy that the runner and a plain ``fit`` share
-(``_retention``).
+(``_retention``), and the states it records (``_states``: ``RunState`` of experiments and
+trials, ``CheckpointState``; both re-exported here for the rooms above).
 
 May import: ``core.storage`` (to delete and settle checkpoint folders), ``config``, ``errors``. Never
 ``core.transport`` or ``core.channel`` (the network sits above the store), nor any framework.
 """
+
+from determined_trials.core.store._states import CheckpointState, RunState
+
+__all__ = ["CheckpointState", "RunState"]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from determined_trials.core.storage import StorageManager
 from determined_trials.core.store._owner import owner_alive
+from determined_trials.core.store._states import RunState
 
 if TYPE_CHECKING:
     from determined_trials.core.store._local import LocalStore
@@ -57,7 +58,7 @@ def recover_run_checkpoints(store: LocalStore, storage: StorageManager) -> tuple
 
 def _may_be_writing(store: LocalStore, experiment_id: int) -> bool:
     """Whether a process of the experiment may still be writing checkpoints: it is ACTIVE and its owner lives."""
-    if store.experiment(experiment_id).state != "ACTIVE":
+    if store.experiment(experiment_id).state != RunState.ACTIVE:
         return False
     owner = store.experiment_owner(experiment_id)
     return owner is not None and owner_alive(*owner)

@@ -26,6 +26,7 @@ from determined_trials.core.store._records import (
     dumps,
     now,
 )
+from determined_trials.core.store._states import CheckpointState, RunState
 
 __all__ = [
     "CheckpointRecord",
@@ -38,7 +39,6 @@ __all__ = [
 ]
 
 STORE_FILENAME = "store.sqlite"
-_TERMINAL_STATES = frozenset({"COMPLETED", "ERROR", "CANCELED"})
 _OWNERS_TABLE = ("CREATE TABLE IF NOT EXISTS owners (experiment_id INTEGER PRIMARY KEY REFERENCES experiments(id), "
                  "pid INTEGER NOT NULL, started REAL NOT NULL)")
 
@@ -50,9 +50,9 @@ class LocalStore(StoreReads):
     first use. Missing ids raise :class:`NotFoundError`, a ``KeyError`` naming the id and the file.
     """
 
-    EXPERIMENT_STATES: tuple[str, ...] = ("ACTIVE", "PAUSED", "COMPLETED", "ERROR", "CANCELED")
-    TRIAL_STATES: tuple[str, ...] = ("ACTIVE", "PAUSED", "COMPLETED", "ERROR", "CANCELED")
-    CHECKPOINT_STATES: tuple[str, ...] = ("PENDING", "COMPLETED", "DELETED")
+    EXPERIMENT_STATES: tuple[str, ...] = tuple(RunState)
+    TRIAL_STATES: tuple[str, ...] = tuple(RunState)
+    CHECKPOINT_STATES: tuple[str, ...] = tuple(CheckpointState)
 
     def __init__(self, run_dir: str | os.PathLike[str], *, create: bool = True) -> None:
         """Open the store in ``run_dir``; with ``create`` (default) make the folder and schema if missing."""
@@ -165,7 +165,7 @@ class LocalStore(StoreReads):
     def set_experiment_state(self, experiment_id: int, state: str, reason: str | None = None) -> None:
         """Move the experiment to ``state``; terminal states stamp the end time, ACTIVE clears it."""
         state = _checked_state(state, self.EXPERIMENT_STATES, "experiment")
-        end = now() if state in _TERMINAL_STATES else None
+        end = now() if state in RunState.TERMINAL else None
         self._update(
             "experiment", experiment_id,
             "UPDATE experiments SET state = ?, reason = ?, end_time = ? WHERE id = ?",
@@ -233,8 +233,8 @@ class LocalStore(StoreReads):
         line follows: a trial that leaves ACTIVE shows its state (``completed``, ``paused``, ...), one
         that (re)starts shows none until it sets one."""
         state = _checked_state(state, self.TRIAL_STATES, "trial")
-        end = now() if state in _TERMINAL_STATES else None
-        status = None if state == "ACTIVE" else state.lower()
+        end = now() if state in RunState.TERMINAL else None
+        status = None if state == RunState.ACTIVE else state.lower()
         self._update(
             "trial", trial_id,
             "UPDATE trials SET state = ?, reason = ?, end_time = ?, status = ? WHERE id = ?",
@@ -245,8 +245,8 @@ class LocalStore(StoreReads):
         """Set the trial's free-text status line (``TrainContext.set_status``) while it is ACTIVE; a late
         write after its end (a held status stored at close) leaves the end's status alone."""
         with self._locked() as conn:
-            sql = "UPDATE trials SET status = ? WHERE id = ? AND state = 'ACTIVE'"
-            if conn.execute(sql, (str(status), int(trial_id))).rowcount == 0 and not conn.execute(
+            sql = "UPDATE trials SET status = ? WHERE id = ? AND state = ?"
+            if conn.execute(sql, (str(status), int(trial_id), RunState.ACTIVE)).rowcount == 0 and not conn.execute(
                     "SELECT 1 FROM trials WHERE id = ?", (int(trial_id),)).fetchone():
                 raise self._not_found("trial", trial_id)
 
@@ -343,11 +343,12 @@ class LocalStore(StoreReads):
         sizes = {str(k): int(v) for k, v in resources.items()}
         params = (None if trial_id is None else int(trial_id), _steps(steps_completed),
                   dumps(metadata, "checkpoint metadata"), dumps(sizes, "checkpoint resources"), str(storage), now())
-        state = "PENDING" if pending else "COMPLETED"
+        state = CheckpointState.PENDING if pending else CheckpointState.COMPLETED
         with self._transaction() as conn:
             done = conn.execute(
                 "UPDATE checkpoints SET trial_id = ?, steps_completed = ?, metadata = ?, resources = ?, storage = ?, "
-                "report_time = ?, state = ? WHERE uuid = ? AND state = 'PENDING'", (*params, state, str(uuid)),
+                "report_time = ?, state = ? WHERE uuid = ? AND state = ?",
+                (*params, state, str(uuid), CheckpointState.PENDING),
             ).rowcount
             if done:
                 return
@@ -365,21 +366,21 @@ class LocalStore(StoreReads):
 
     def pending_checkpoints(self, trial_id: int) -> list[str]:
         """uuids of the trial's checkpoints recorded as pending (a writer died before or while publishing)."""
-        rows = self._read("SELECT uuid FROM checkpoints WHERE trial_id = ? AND state = 'PENDING' ORDER BY rowid",
-                          (int(trial_id),))
+        rows = self._read("SELECT uuid FROM checkpoints WHERE trial_id = ? AND state = ? ORDER BY rowid",
+                          (int(trial_id), CheckpointState.PENDING))
         return [str(r["uuid"]) for r in rows]
 
     def drop_pending_checkpoint(self, uuid: str) -> None:
         """Forget a pending checkpoint that was never published (no-op for any other state)."""
         with self._locked() as conn:
-            conn.execute("DELETE FROM checkpoints WHERE uuid = ? AND state = 'PENDING'", (str(uuid),))
+            conn.execute("DELETE FROM checkpoints WHERE uuid = ? AND state = ?", (str(uuid), CheckpointState.PENDING))
 
     def mark_checkpoint_deleted(self, uuid: str) -> None:
         """Mark a checkpoint DELETED (its files are gone); deleting twice is harmless."""
         self._update(
             "checkpoint", uuid,
-            "UPDATE checkpoints SET state = 'DELETED', delete_time = COALESCE(delete_time, ?) WHERE uuid = ?",
-            (now(), str(uuid)),
+            "UPDATE checkpoints SET state = ?, delete_time = COALESCE(delete_time, ?) WHERE uuid = ?",
+            (CheckpointState.DELETED, now(), str(uuid)),
         )
 
 

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from determined_trials.core.store._states import RunState
+
 if TYPE_CHECKING:
     from determined_trials.core.store._local import LocalStore
 
@@ -35,7 +37,7 @@ def release_dead_owners(store: LocalStore) -> list[int]:
     from their latest checkpoints); returns their ids."""
     released = []
     for exp in store.experiments():
-        owner = store.experiment_owner(exp.id) if exp.state == "ACTIVE" else None
+        owner = store.experiment_owner(exp.id) if exp.state == RunState.ACTIVE else None
         if owner is None or owner_alive(*owner):
             continue
         if exp.model_dir is not None:
@@ -47,8 +49,8 @@ def release_dead_owners(store: LocalStore) -> list[int]:
         for trial in store.trials(exp.id):
             # ACTIVE ones, and those the runner would start again (a trial that lost its runner
             # mid-write may have recorded its own ERROR: the runner had not counted it)
-            if trial.state == "ACTIVE" or trial.id in queued:
-                store.set_trial_state(trial.id, "PAUSED", reason)
-        store.set_experiment_state(exp.id, "PAUSED", reason)
+            if trial.state == RunState.ACTIVE or trial.id in queued:
+                store.set_trial_state(trial.id, RunState.PAUSED, reason)
+        store.set_experiment_state(exp.id, RunState.PAUSED, reason)
         released.append(exp.id)
     return released

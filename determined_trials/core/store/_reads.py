@@ -16,6 +16,7 @@ from determined_trials.core.store._records import (
     SearcherOpRecord,
     Trial,
 )
+from determined_trials.core.store._states import CheckpointState
 
 __all__ = ["StoreReads"]
 
@@ -143,7 +144,8 @@ class StoreReads:
             self.experiment(experiment_id)
             clauses.append("t.experiment_id = ?")
             params.append(int(experiment_id))
-        clauses.append("c.state != 'PENDING'" if include_deleted else "c.state = 'COMPLETED'")
+        clauses.append("c.state != ?" if include_deleted else "c.state = ?")
+        params.append(CheckpointState.PENDING if include_deleted else CheckpointState.COMPLETED)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._read(f"{_CHECKPOINT_SELECT}{where} ORDER BY c.rowid", params)
         return [_rec.checkpoint_from_row(r) for r in rows]
@@ -159,8 +161,8 @@ class StoreReads:
         """(uuid, trial id, experiment id) of every trial's checkpoint pending in ``storage``, oldest first."""
         rows = self._read(
             "SELECT c.uuid AS uuid, c.trial_id AS trial_id, t.experiment_id AS experiment_id FROM checkpoints AS c "
-            "JOIN trials AS t ON t.id = c.trial_id WHERE c.state = 'PENDING' AND c.storage = ? ORDER BY c.rowid",
-            (str(storage),),
+            "JOIN trials AS t ON t.id = c.trial_id WHERE c.state = ? AND c.storage = ? ORDER BY c.rowid",
+            (CheckpointState.PENDING, str(storage)),
         )
         return [(str(r["uuid"]), int(r["trial_id"]), int(r["experiment_id"])) for r in rows]
 

@@ -11,6 +11,7 @@ __all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "connect", "ensure_schema"]
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 60.0
 
+# The state columns hold ``_states``' values; their defaults are the first states (tests/test_states.py checks).
 _TABLES = """
 CREATE TABLE IF NOT EXISTS schema_version (
     version INTEGER NOT NULL
