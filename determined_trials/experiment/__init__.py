@@ -4,7 +4,8 @@ processes, with restarts, pause/continue, logs and checkpoint garbage collection
 from determined_trials.core.store._retention import RetentionPolicy, collect_garbage, kept_checkpoints
 from determined_trials.experiment._errors import ExperimentError
 from determined_trials.experiment._report import Display, TrialSummary, summarize_trials, trials_table
-from determined_trials.experiment._runner import ExperimentRunner, Work
+from determined_trials.experiment._runner import ExperimentRunner
+from determined_trials.experiment._runner_state import Work
 from determined_trials.experiment._setup import (
     ExperimentResult,
     continue_experiment,

@@ -6,119 +6,29 @@ trials from their latest checkpoint, and pauses everything on SIGINT/SIGTERM, re
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import FrameType
-from typing import Any
 
-from determined_trials.core.storage import storage_from_spec
 from determined_trials.core.store import RunState
 from determined_trials.core.store._checkpoint_recovery import recover_checkpoints
-from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import claim_experiment
-from determined_trials.core.store._retention import RetentionPolicy, collect_garbage
-from determined_trials.experiment._executor import LocalExecutor, TrialExecutor, TrialHandle, TrialJob
+from determined_trials.experiment._executor import TrialJob
 from determined_trials.experiment._launch import TrialLaunch
-from determined_trials.experiment._report import Display
-from determined_trials.experiment._reported import metric_from_validations, missing_metric_reason
-from determined_trials.experiment._tracebacks import TracebackCondenser
-from determined_trials.launch import PREEMPTED_EXIT_CODE
+from determined_trials.experiment._outcomes import TrialOutcomes
+from determined_trials.experiment._runner_state import RunningTrial, Work
 
-__all__ = ["KILLED_REASON", "ExperimentRunner", "Work"]
+__all__ = ["KILLED_REASON", "ExperimentRunner"]
 
 _POLL_S = 0.05
-_STATE_VERSION = 1
 KILLED_REASON = "killed with `det-trials experiment kill`"
 
 
-@dataclasses.dataclass
-class Work:
-    """A trial to start (or start again): the searcher's request and, once created, its trial id."""
-
-    request_id: int
-    hparams: dict[str, Any]
-    seed: int
-    trial_id: int | None = None
-
-
-@dataclasses.dataclass
-class _Running:
-    work: Work
-    length: int
-    proc: TrialHandle
-    gpus: list[str]
-
-
-class ExperimentRunner:
-    """Runs one experiment of the store to its end, or until paused; see ``run()``."""
-
-    def __init__(
-        self, *, store: LocalStore, experiment_id: int, config: Any, searcher: Any, exp_dir: Path,
-        model_dir: Path, config_path: Path, max_parallel: int = 1, display: Display | None = None,
-        gpus: list[str] | None = None, requested_parallel: int | None = None,
-        executor: TrialExecutor | None = None,
-    ) -> None:
-        """``gpus``: the GPU ids to share out, ``slots_per_trial`` to each running trial (none: CPU).
-        ``requested_parallel``: the user's ``--max-parallel``, saved for ``experiment continue``;
-        ``executor``: where trials run (default: processes on this machine)."""
-        self.store = store
-        self.experiment_id = experiment_id
-        self._config = config
-        self._config_dict = config.as_dict()
-        self._searcher = searcher
-        self._exp_dir = exp_dir
-        self._model_dir = model_dir
-        self._config_path = config_path
-        self._max_parallel = max(1, int(max_parallel))
-        self._requested_parallel = requested_parallel
-        self._display = display or Display(progress=False)
-        self._queue: list[Work] = []
-        self._free_gpus = list(gpus or [])
-        self._running: dict[int, _Running] = {}
-        self._echoes: dict[int, TracebackCondenser] = {}  # per trial, kept across its restarts
-        self._ended_by_searcher: dict[int, tuple[Work, int]] = {}  # trial id -> (work, last length)
-        self._stop_requests = 0
-        self._stop_requests_seen = 0
-        self._pausing = False
-        self._killed = False
-        self._canceled = False  # `det-trials experiment kill`: the experiment ends CANCELED
-        self._failure: str | None = None
-        self._last_failure: dict[int, str] = {}  # trial id -> how its latest attempt failed
-        self._storage = storage_from_spec(config.checkpoint_storage, default_dir=store.path / "checkpoints")
-        self._policy = RetentionPolicy.from_config(config)
-        self._executor: TrialExecutor = executor or LocalExecutor()
-
-    # -- set-up and saved state -----------------------------------------------------------------
-    def start_fresh(self) -> None:
-        """Queue the searcher's initial trials."""
-        self._queue = [Work(r.request_id, dict(r.hparams), int(r.seed)) for r in self._searcher.initial_trials()]
-
-    def state_dict(self) -> dict[str, Any]:
-        """The runner's and the searcher's resumable state (JSON-able)."""
-        return {
-            "version": _STATE_VERSION,
-            "searcher": self._searcher.state_dict(),
-            "queue": [dataclasses.asdict(r.work) for r in self._running.values()]
-            + [dataclasses.asdict(w) for w in self._queue],  # running first: resumed first after a kill
-            "ended_by_searcher": [[dataclasses.asdict(w), n] for w, n in self._ended_by_searcher.values()],
-            "max_parallel": self._requested_parallel,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict`` saved (at a pause)."""
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"saved runner state has version {state.get('version')!r}, expected {_STATE_VERSION}")
-        self._searcher.load_state_dict(state["searcher"])
-        self._queue = [Work(**w) for w in state["queue"]]
-        self._ended_by_searcher = {}
-        for raw, length in state.get("ended_by_searcher", []):
-            work = Work(**raw)
-            assert work.trial_id is not None
-            self._ended_by_searcher[work.trial_id] = (work, int(length))
+class ExperimentRunner(TrialOutcomes):
+    """Runs one experiment of the store to its end, or until paused; see ``run()``. Its state and saved state
+    are ``RunnerState``'s (``_runner_state``), what it does when a trial exits ``TrialOutcomes``' (``_outcomes``)."""
 
     # -- the loop ---------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -189,10 +99,6 @@ class ExperimentRunner:
                 self._on_exit(running, code)
                 self._save_state()
 
-    def _save_state(self) -> None:
-        """Keep the resumable state current, so that `continue` works after a kill -9 of the runner."""
-        self.store.set_searcher_state(self.experiment_id, self.state_dict())
-
     # -- starting ---------------------------------------------------------------------------------
     def _start(self, work: Work) -> None:
         if work.trial_id is None:
@@ -223,7 +129,7 @@ class ExperimentRunner:
             run_dir=self.store.path, trial_dir=trial_dir, model_dir=self._model_dir, config_path=self._config_path,
             log_path=self._exp_dir / f"trial_{trial_id}.log", echo=self._echo_for(trial_id), gpus=tuple(gpus),
         ))
-        self._running[trial_id] = _Running(work, int(length), proc, gpus)
+        self._running[trial_id] = RunningTrial(work, int(length), proc, gpus)
         self._save_state()
         if self._pausing:
             proc.terminate()
@@ -233,116 +139,7 @@ class ExperimentRunner:
         taken, self._free_gpus = self._free_gpus[:count], self._free_gpus[count:]
         return taken
 
-    def _echo_for(self, trial_id: int) -> TracebackCondenser:
-        if trial_id not in self._echoes:
-            self._echoes[trial_id] = TracebackCondenser.for_trial(
-                self._display.echo, exp_dir=self._exp_dir, model_dir=self._model_dir, trial_id=trial_id)
-        return self._echoes[trial_id]
-
-    # -- outcomes ---------------------------------------------------------------------------------
-    def _on_exit(self, running: _Running, code: int) -> None:
-        self._echo_for(_trial_id(running.work)).flush()
-        trial = self.store.trial(_trial_id(running.work))
-        if self._canceled:
-            self.store.set_trial_state(trial.id, RunState.CANCELED, "experiment killed")
-            self._collect([trial.id])
-        elif code == 0 and trial.state != RunState.PAUSED:
-            self._on_done(running)
-        elif code == PREEMPTED_EXIT_CODE or trial.state == RunState.PAUSED or running.proc.terminated:
-            self._on_preempted(running)
-        else:
-            self._on_failed(running, code)
-
-    def _on_done(self, running: _Running) -> None:
-        work, trial_id = running.work, _trial_id(running.work)
-        early = self.store.trial(trial_id).early_exit_reason
-        metric = None if early else self._op_metric(trial_id, running.length)
-        if metric is None and not early:  # no operation completed: a 0.38 script reports validations only
-            metric = metric_from_validations(self.store, trial_id, self._config.searcher, running.length)
-        if early or metric is None:
-            why = f"exited early ({early})" if early else missing_metric_reason(self._config.searcher, running.length)
-            if why is not None:
-                self._say(f"trial {trial_id} {why}")
-            self.store.set_trial_state(trial_id, RunState.COMPLETED, why)
-            self._collect([trial_id])
-            self._add_requests(self._searcher.on_trial_exited_early(work.request_id))
-            return
-        self._add_requests(self._searcher.on_validation(work.request_id, running.length, metric))
-        following = self._searcher.next_length(work.request_id)
-        if following is not None and following > running.length:
-            self.store.set_trial_state(trial_id, RunState.ACTIVE)
-            self._queue.insert(0, work)
-        else:
-            self.store.set_trial_state(trial_id, RunState.COMPLETED)
-            self._ended_by_searcher[trial_id] = (work, running.length)
-            self._collect([trial_id])
-        self._requeue_promoted()
-
-    def _on_preempted(self, running: _Running) -> None:
-        trial_id = _trial_id(running.work)
-        if self._failure is not None:
-            self.store.set_trial_state(trial_id, RunState.CANCELED, "stopped: another trial failed the experiment")
-            self._collect([trial_id])
-        elif self._pausing:
-            self.store.set_trial_state(trial_id, RunState.PAUSED, "experiment paused")
-            self._queue.insert(0, running.work)
-        else:
-            self._say(f"trial {trial_id} was preempted: resuming it from its latest checkpoint")
-            self._queue.insert(0, running.work)
-
-    def _on_failed(self, running: _Running, code: int) -> None:
-        work, trial_id = running.work, _trial_id(running.work)
-        reason = running.proc.reason(code)
-        limit = self._config.max_restarts
-        previous = self.store.trial(trial_id)
-        before, self._last_failure[trial_id] = self._last_failure.get(trial_id), reason
-        if _same_failure(before, reason) and not self._reported_anything(trial_id):
-            self.store.set_trial_state(trial_id, RunState.ERROR, reason)
-            self._failure = f"trial {trial_id} failed twice the same way before reporting anything: {reason}"
-            self._say(f"trial {trial_id} failed again the same way before its first report: not restarting it")
-            self._end_failed(work)
-            return
-        if previous.restarts < limit:
-            restarts = self.store.increment_trial_restarts(trial_id)
-            self._say(f"trial {trial_id} failed; restart {restarts} of {limit} from its latest checkpoint")
-            self.store.set_trial_state(trial_id, RunState.ACTIVE, reason)
-            self._queue.insert(0, work)
-            return
-        self.store.set_trial_state(trial_id, RunState.ERROR, reason)
-        self._failure = f"trial {trial_id} failed and max_restarts ({limit}) is used up: {reason}"
-        self._say(f"trial {trial_id} failed after {limit} restart(s): the experiment fails")
-        self._end_failed(work)
-
-    def _end_failed(self, work: Work) -> None:
-        self._searcher.on_trial_exited_early(work.request_id)
-        self._collect([_trial_id(work)])
-        for other in self._running.values():
-            other.proc.terminate()
-
-    def _reported_anything(self, trial_id: int) -> bool:
-        """Whether the trial ever got as far as a metrics report or a checkpoint."""
-        return bool(self.store.metrics(trial_id) or self.store.checkpoints(trial_id=trial_id, include_deleted=True))
-
-    def _op_metric(self, trial_id: int, length: int) -> float | None:
-        done = [op for op in self.store.searcher_ops(trial_id) if op.completed and op.length == length]
-        return done[-1].metric if done else None
-
-    def _add_requests(self, requests: list[Any]) -> None:
-        self._queue.extend(Work(r.request_id, dict(r.hparams), int(r.seed)) for r in requests)
-
-    def _requeue_promoted(self) -> None:
-        """Trials the searcher had stopped but now gives a longer length (a later ASHA promotion)."""
-        for trial_id, (work, length) in list(self._ended_by_searcher.items()):
-            following = self._searcher.next_length(work.request_id)
-            if following is not None and following > length:
-                del self._ended_by_searcher[trial_id]
-                self.store.set_trial_state(trial_id, RunState.ACTIVE)
-                self._queue.insert(0, work)
-
     # -- the end ----------------------------------------------------------------------------------
-    def _collect(self, trial_ids: list[int]) -> None:
-        collect_garbage(self.store, self._storage, self.experiment_id, trial_ids, self._policy)
-
     def _finish(self) -> str:
         self._executor.close()
         self._display.close()
@@ -371,19 +168,6 @@ class ExperimentRunner:
         self.store.set_searcher_state(self.experiment_id, self.state_dict())
         self.store.set_experiment_state(self.experiment_id, state, reason)
         return state.value  # the plain text, as the store's records hold it
-
-    def _say(self, message: str) -> None:
-        self._display.echo(f"det-trials: {message}")
-
-
-def _same_failure(before: str | None, now: str) -> bool:
-    """The same failure again (a deterministic one): same exit status and last line (paths aside)."""
-    return before is not None and before.split(" (whole output: ")[0] == now.split(" (whole output: ")[0]
-
-
-def _trial_id(work: Work) -> int:
-    assert work.trial_id is not None
-    return work.trial_id
 
 
 @contextlib.contextmanager
