@@ -6,6 +6,8 @@ experiment owners (``_owner``: pid + start time), settling checkpoints a killed 
 (``_checkpoint_recovery``) and the checkpoint retention policy that the runner and a plain ``fit`` share
 (``_retention``).
 
-May import: ``core.storage`` (to delete and settle checkpoint folders), ``config``, ``errors``. Never
-``core.transport`` or ``core.channel`` (the network sits above the store), nor any framework.
+``core.storage`` to delete and settle checkpoint folders. Never ``core.transport`` or ``core.channel`` (the
+network sits above the store), nor any framework.
+
+May import: errors, config, core.storage
 """
