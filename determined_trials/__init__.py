@@ -4,6 +4,9 @@
 Framework packages (``pytorch``, ``deepspeed``, ``keras``) are imported on first use, so this import
 needs no framework; they are not in ``__all__``, so ``from determined_trials import *`` costs no more
 than this import (``dir()`` still lists them).
+
+May import: errors, _info, _compat, _format, config, core.*, loop, _trial_context,
+searcher, pytorch.*, deepspeed, keras, testing, launch, experiment.*, cli
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Top-level names Determined's scripts use at import time: ``LOG_FORMAT`` and ``import_from_path``."""
+"""Top-level names Determined's scripts use at import time: ``LOG_FORMAT`` and ``import_from_path``.
+
+May import: nothing
+"""
 
 from __future__ import annotations
 

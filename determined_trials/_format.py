@@ -1,5 +1,8 @@
 """Text output shared by `det-trials` and the experiment runner's report: aligned tables, CSV and strict JSON,
-and how single values print."""
+and how single values print.
+
+May import: nothing
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 A launcher writes a JSON file and points ``DET_CLUSTER_INFO`` at it; ``get_cluster_info()`` reads it
 once. In a bare script there is no such file and ``get_cluster_info()`` returns ``None``.
+
+May import: nothing
 """
 
 from __future__ import annotations

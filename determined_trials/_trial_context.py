@@ -1,7 +1,10 @@
 """`TrialContext`: what every trial context knows (hyperparameters, config, seed, ids, batch
 sizes, distributed context, stop requests, the initial batch, the TensorBoard folder), `from_config`
 to build one for debugging outside any launcher, and the constructor preamble every family's context
-shares (`TrialIdentity`, `_init_identity`)."""
+shares (`TrialIdentity`, `_init_identity`).
+
+May import: errors, config, core
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The exceptions users see: invalid hyperparameters, bad configuration, failed collectives."""
+"""The exceptions users see: invalid hyperparameters, bad configuration, failed collectives.
+
+May import: nothing
+"""
 
 __all__ = ["PREEMPTED_EXIT_CODE", "CollectiveError", "ConfigError", "InvalidHP", "TrainingInterrupted"]
 

@@ -123,7 +123,7 @@ def _sorted_records(updates: list[torch.Tensor]) -> list[int]:
 
 def _gradient_sync(model: nn.Module) -> bool | None:
     """Whether FSDP2 will reduce-scatter the gradients of this backward (what set_requires_gradient_sync set)."""
-    from determined_trials.pytorch._fsdp import is_fsdp
+    from determined_trials.pytorch.parallel._fsdp import is_fsdp
 
     if not is_fsdp(model):
         return None

@@ -16,14 +16,14 @@ from typing import Any
 from _fsdp_trials import FSDPTrial, config, fit_kwargs, full_state
 
 from determined_trials import pytorch
-from determined_trials.pytorch._fsdp import is_fsdp
+from determined_trials.pytorch.parallel._fsdp import is_fsdp
 
 _fail_rank_state: list[int] = []  # [step]: at that checkpoint this rank cannot write its rank_state file
 _background: list[int] = []  # steps of the checkpoints this rank started writing in the background
 
 
 def _count_background_saves() -> None:
-    from determined_trials.pytorch import _dcp
+    from determined_trials.pytorch.checkpoint import _dcp
 
     start = _dcp.start_sharded_save
 
@@ -73,7 +73,7 @@ def errors() -> dict[str, Any]:
     from _fsdp_trials import build_model
     from torch import nn
 
-    from determined_trials.pytorch._ddp import wrap_ddp
+    from determined_trials.pytorch.parallel._ddp import wrap_ddp
 
     found: dict[str, Any] = {}
     with pytorch.init(exp_conf=config(), run_dir=os.environ["DET_RUN_DIR"]) as context:

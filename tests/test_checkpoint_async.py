@@ -20,8 +20,8 @@ import torch
 from pytorch_trials import ResumeTrial, assert_same_state, config, fit, state_snapshot
 
 import determined_trials.pytorch._adapter as adapter_module
-import determined_trials.pytorch._checkpoint_io as checkpoint_io
 import determined_trials.pytorch._experimental as experimental
+import determined_trials.pytorch.checkpoint._io as checkpoint_io
 from determined_trials import core, pytorch
 from determined_trials.core.storage import DirectoryStorage
 from determined_trials.core.store._checkpoint_recovery import recover_checkpoints

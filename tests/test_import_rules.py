@@ -1,5 +1,5 @@
 """The layer rules of docs/architecture.md: core/ and loop/ never import torch or tensorflow; every room imports
-only the rooms below it, and no module imports itself back through others."""
+only the rooms its docstring's ``May import:`` line names, and no module imports itself back through others."""
 
 from __future__ import annotations
 
@@ -102,37 +102,57 @@ def test_the_torch_packages_import_no_deepspeed(module: str) -> None:
 
 
 # -- the rooms of docs/architecture.md and who may import whom -----------------------------------------------
+#
+# A room is a package (its __init__.py) or a module directly in determined_trials/ (errors, _info, ...). Its
+# docstring has one line "May import: a, b.c, d.*" (or "May import: nothing"; a line that ends in a comma goes
+# on in the next): the rooms its modules may import besides their own, where "d.*" is the room d and every
+# room inside it and "determined_trials" the package's own __init__ (the room ""). Nesting implies nothing: a
+# room names the sub-rooms it imports, a sub-room its parent. The declarations are the rules; ALLOWED is read
+# from them.
 
 PACKAGE = Path(__file__).resolve().parent.parent / "determined_trials"
-_BASE = {"errors", "_info", "_compat", "_format"}
-_CORE = {"core", "core.store", "core.storage", "core.transport", "core.channel"}
-_BELOW_PYTORCH = _BASE | _CORE | {"config", "loop", "_trial_context"}
-_BELOW_LAUNCH = _BELOW_PYTORCH | {"searcher", "pytorch", "pytorch.data", "deepspeed", "keras", "testing"}
+DECLARATION = "May import:"
 
-# room -> the rooms its modules may import (a room always imports itself). The longest room that prefixes
-# a module's dotted name (below determined_trials) is its room; "" is the package's own __init__.
-ALLOWED: dict[str, set[str]] = {
-    "errors": set(), "_info": set(), "_compat": set(), "_format": set(),
-    "config": {"errors"},
-    "core.transport": {"errors"},
-    "core.storage": {"errors"},
-    "core.store": {"core.storage", "config", "errors"},
-    "core.channel": {"core.store", "errors"},
-    "core": _CORE | {"config", "errors", "_info"},
-    "searcher": {"config", "errors"},
-    "loop": _CORE | {"config", "errors", "_info"},
-    "_trial_context": {"config", "core", "errors"},
-    "pytorch.data": {"loop", "errors"},
-    "pytorch": _BELOW_PYTORCH | {"pytorch.data"},
-    "deepspeed": _BELOW_PYTORCH | {"pytorch", "pytorch.data"},
-    "keras": _BELOW_PYTORCH,
-    "testing": _CORE | {"loop", "errors"},
-    "launch": _BELOW_LAUNCH,
-    "experiment": _BELOW_LAUNCH | {"launch"},
-    "ui": {"core", "core.store", "config", "experiment", "errors", "_format"},
-    "cli": _BELOW_LAUNCH | {"launch", "experiment", "ui", ""},
-    "": _BELOW_LAUNCH | {"launch", "experiment", "cli"},
-}
+
+def _room_files() -> dict[str, Path]:
+    """Each room's dotted name (below determined_trials; "" for the package itself) -> the file that declares it."""
+    rooms = {".".join(p.parent.relative_to(PACKAGE).parts): p for p in PACKAGE.rglob("__init__.py")}
+    rooms.update({p.stem: p for p in PACKAGE.glob("*.py") if p.name != "__init__.py"})
+    return rooms
+
+
+def _declaration(path: Path) -> list[str] | None:
+    """The names of the ``May import:`` line in ``path``'s docstring (continued on the next line while a line
+    ends with a comma); None unless there is exactly one such line."""
+    lines = [line.strip() for line in (ast.get_docstring(ast.parse(path.read_text())) or "").splitlines()]
+    starts = [i for i, line in enumerate(lines) if line.startswith(DECLARATION)]
+    if len(starts) != 1:
+        return None
+    text, i = lines[starts[0]].removeprefix(DECLARATION), starts[0]
+    while text.endswith(",") and i + 1 < len(lines):
+        i += 1
+        text += lines[i]
+    names = [name.strip() for name in text.split(",")]
+    return [] if names == ["nothing"] else names
+
+
+def _expand(names: list[str], rooms: set[str]) -> set[str]:
+    """Declared names -> rooms: ``determined_trials`` is "", ``d.*`` is d and every room inside it."""
+    out = set()
+    for name in names:
+        base = "" if name == "determined_trials" else name.removesuffix(".*")
+        out |= {r for r in rooms if r == base or (name.endswith(".*") and r.startswith(base + "."))}
+    return out
+
+
+def _allowed() -> dict[str, set[str]]:
+    files = _room_files()
+    return {room: _expand(_declaration(path) or [], set(files)) for room, path in files.items()}
+
+
+# room -> the rooms its modules may import (a room always imports itself), as the rooms declare it. The longest
+# room that prefixes a module's dotted name (below determined_trials) is its room.
+ALLOWED: dict[str, set[str]] = _allowed()
 # Named exceptions (module, module), each for a public import path that must stay where Determined has it.
 EXCEPTIONS = {
     ("pytorch.deepspeed", "deepspeed"),  # `det.pytorch.deepspeed` is det.deepspeed itself (the original's path)
@@ -188,9 +208,24 @@ def _room(module: str) -> str:
     return rooms[-1] if rooms else ""
 
 
-def test_every_module_has_a_room() -> None:
-    homeless = [m for m in _modules() if m and _room(m) == ""]
-    assert not homeless, f"modules in no room of ALLOWED (add the room and its rules): {homeless}"
+def test_every_room_declares_what_it_owns_and_may_import() -> None:
+    """Every room's docstring says what it owns and has one ``May import:`` line that names only rooms."""
+    wrong = []
+    for path in sorted(_room_files().values()):
+        where = path.relative_to(PACKAGE.parent)
+        doc = (ast.get_docstring(ast.parse(path.read_text())) or "").strip()
+        if not doc or doc.startswith(DECLARATION):
+            wrong.append(f"{where}: its docstring says nothing of what the room owns")
+        names = _declaration(path)
+        if names is None:
+            wrong.append(f"{where}: no single '{DECLARATION} a, b.c, d.*' (or '{DECLARATION} nothing') line")
+        for name in names or []:
+            if not _expand([name], set(ALLOWED)):
+                wrong.append(f"{where}: '{DECLARATION} {name}' names no room")
+    wrong += [f"{p.relative_to(PACKAGE.parent)}: in a folder with no __init__.py (a room has one)"
+              for p in sorted(PACKAGE.rglob("*.py")) if not (p.parent / "__init__.py").exists()]
+    assert not wrong, "rooms without a clear declaration:\n" + "\n".join(wrong)
+    assert _expand(["core.*", "determined_trials"], {"", "core", "core.store", "corel"}) == {"", "core", "core.store"}
 
 
 def test_imports_follow_the_rooms_directions() -> None:
@@ -201,7 +236,7 @@ def test_imports_follow_the_rooms_directions() -> None:
             other = _room(target)
             if other != room and other not in ALLOWED[room] and (module, target) not in EXCEPTIONS:
                 wrong.append(f"{module} -> {target} ({room or 'determined_trials'} may not import {other})")
-    assert not wrong, "imports against docs/architecture.md's directions:\n" + "\n".join(sorted(wrong))
+    assert not wrong, "imports against the rooms' 'May import:' lines (docs/architecture.md):\n" + "\n".join(sorted(wrong))
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -16,8 +16,8 @@ import torch.serialization
 from pytorch_trials import ResumeTrial, assert_same_state, config, fit, state_snapshot
 
 from determined_trials.pytorch import Batch
-from determined_trials.pytorch import _checkpoint_io as io
 from determined_trials.pytorch._adapter import PyTorchAdapter
+from determined_trials.pytorch.checkpoint import _io as io
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # the runs train on the CPU; the GPU tier has their CUDA twins
 

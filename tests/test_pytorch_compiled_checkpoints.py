@@ -14,8 +14,8 @@ from pytorch_trials import ResumeTrial, assert_same_state, config, fit, state_sn
 
 from determined_trials import pytorch
 from determined_trials.pytorch import Batch
-from determined_trials.pytorch import _checkpoint_io as io
-from determined_trials.pytorch._ddp import COMPILED_PREFIX, plain_module, plain_state_dict
+from determined_trials.pytorch.checkpoint import _io as io
+from determined_trials.pytorch.parallel._ddp import COMPILED_PREFIX, plain_module, plain_state_dict
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # inductor's CPU code; the GPU tier compiles on CUDA
 

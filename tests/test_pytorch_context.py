@@ -16,8 +16,8 @@ import torch
 import determined_trials as det
 from determined_trials.errors import ConfigError
 from determined_trials.pytorch._context import PyTorchTrialContext
-from determined_trials.pytorch._lr_scheduler import LRScheduler
 from determined_trials.pytorch._reducer import MetricReducer
+from determined_trials.pytorch.optim._lr_scheduler import LRScheduler
 
 SEARCHER = {"name": "single", "metric": "loss", "max_length": 10}
 CONFIG: dict[str, Any] = {
@@ -93,7 +93,7 @@ def test_default_device_is_the_processs_gpu(
 ) -> None:
     """Without CUDA the CPU; one process takes cuda:0; several take cuda:<local_rank> (shared round
     robin when there are fewer GPUs than local processes) and make it the current device."""
-    from determined_trials.pytorch._device import default_device
+    from determined_trials.pytorch.device._device import default_device
 
     current: list[int] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)

@@ -13,11 +13,11 @@ import pytest
 from determined_trials.config import load_config
 from determined_trials.core import LocalStore
 from determined_trials.experiment._launch import trial_command
-from determined_trials.experiment._ray_executor import DEFAULT_RAY_PARALLEL, RayExecutor, ray_runner_options
-from determined_trials.experiment._ray_files import merge_tensorboard, pack_tensorboard
-from determined_trials.experiment._ray_handle import RayTrialRun
-from determined_trials.experiment._ray_layout import LayoutError, multi_node_launcher, plan_layout
-from determined_trials.experiment._ray_node import pack_folder, probe_marker
+from determined_trials.experiment.ray._executor import DEFAULT_RAY_PARALLEL, RayExecutor, ray_runner_options
+from determined_trials.experiment.ray._files import merge_tensorboard, pack_tensorboard
+from determined_trials.experiment.ray._handle import RayTrialRun
+from determined_trials.experiment.ray._layout import LayoutError, multi_node_launcher, plan_layout
+from determined_trials.experiment.ray._node import pack_folder, probe_marker
 
 
 def _options(tmp_path: Path, max_parallel: int | None, **config: Any) -> dict[str, Any]:
@@ -227,7 +227,7 @@ def _executor(tmp_path: Path) -> RayExecutor:
 
 
 def test_the_executor_plans_a_spread_trial_and_refuses_one_without_a_launcher(tmp_path: Path) -> None:
-    from determined_trials.experiment._ray_executor import RayExecutorError
+    from determined_trials.experiment.ray._executor import RayExecutorError
 
     spread = {"searcher": {"name": "single", "metric": "loss", "max_length": 1},
               "resources": {"slots_per_trial": 2, "max_slots_per_node": 1}}

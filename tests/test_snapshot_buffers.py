@@ -1,4 +1,4 @@
-"""The host buffers of background checkpoints (``pytorch/_snapshot.py``): allocated on a helper thread
+"""The host buffers of background checkpoints (``pytorch/checkpoint/_snapshot.py``): allocated on a helper thread
 before the first checkpoint, reused by every snapshot, one copy of the state held and released when
 ``fit`` returns; every background checkpoint equals the model at its step. The ``cuda`` cases (GPU
 tier) add pinned buffers, copies queued on a side stream without a host sync, and the pinned last
@@ -14,14 +14,14 @@ import pytest
 import torch
 from pytorch_trials import ResumeTrial, assert_same_state, config, fit
 
-import determined_trials.pytorch._checkpoint_io as checkpoint_io
 import determined_trials.pytorch._experimental as experimental
-import determined_trials.pytorch._snapshot as snapshot_module
+import determined_trials.pytorch.checkpoint._io as checkpoint_io
+import determined_trials.pytorch.checkpoint._snapshot as snapshot_module
 from determined_trials import pytorch
 from determined_trials.loop import _checkpointing
 from determined_trials.pytorch import Batch
-from determined_trials.pytorch._checkpoint_io import read_state_file, write_trial_state
-from determined_trials.pytorch._snapshot import HostBuffers, copy_to_host, host_copy, tree_nbytes
+from determined_trials.pytorch.checkpoint._io import read_state_file, write_trial_state
+from determined_trials.pytorch.checkpoint._snapshot import HostBuffers, copy_to_host, host_copy, tree_nbytes
 
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 CONF = config({"global_batch_size": 4, "lr": 0.01, "hidden": 8})

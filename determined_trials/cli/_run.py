@@ -193,14 +193,14 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _is_dcp(folder: Path) -> bool:
-    from determined_trials.pytorch._fsdp import is_dcp_checkpoint
+    from determined_trials.pytorch.parallel._fsdp import is_dcp_checkpoint
 
     return is_dcp_checkpoint(folder)
 
 
 def _consolidate_dcp(folder: Path, tag: str) -> dict[str, Any]:
     """Wrapped model ``model<i>`` of an FSDP2 checkpoint's DCP shards as one plain state_dict."""
-    from determined_trials.pytorch._dcp import read_dcp_models
+    from determined_trials.pytorch.checkpoint._dcp import read_dcp_models
 
     index = tag.removeprefix("model")
     models = read_dcp_models(folder)

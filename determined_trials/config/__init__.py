@@ -1,5 +1,11 @@
 """Experiment configuration: the frozen typed `ExperimentConfig`, `load_config`, and the
-hyperparameter helpers (`sample_hparams`, `grid_points`)."""
+hyperparameter helpers (`sample_hparams`, `grid_points`).
+
+Owns YAML loading with a budget (``_load``), the pydantic schema, hyperparameter specs with grid and random
+sampling, and the generated reference (``_reference``).
+
+May import: errors
+"""
 
 from determined_trials.config._hparams import (
     CategoricalHP,

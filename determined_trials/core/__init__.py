@@ -2,7 +2,9 @@
 (``storage/``), the local store (``store/``), the store channel of remote trials (``channel/``) and the
 collectives' transport (``transport/``).
 
-May import: its rooms, ``config``, ``errors``, ``_info``. Imports neither torch nor tensorflow.
+Imports neither torch nor tensorflow.
+
+May import: errors, _info, config, core.*
 """
 
 from determined_trials.core._checkpoint import CheckpointContext, DownloadMode

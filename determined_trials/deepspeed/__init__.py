@@ -4,6 +4,8 @@ unit, ``overwrite_deepspeed_config``, ``init()`` + ``Trainer``, and checkpoint c
 Importing this package imports torch but not deepspeed; deepspeed is imported when an engine is
 wrapped or ``init()`` starts communication. DeepSpeed's own INFO lines are held back from here on
 (``$DET_DEEPSPEED_LOG_LEVEL=INFO`` shows them).
+
+May import: errors, _info, _compat, _format, config, core.*, loop, _trial_context, pytorch.*
 """
 
 from determined_trials.deepspeed._checkpoint import consolidate_checkpoint

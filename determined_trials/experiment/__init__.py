@@ -1,5 +1,12 @@
 """Local experiments: ``det-trials experiment create`` / ``continue`` run a searcher's trials as
-processes, with restarts, pause/continue, logs and checkpoint garbage collection."""
+processes, with restarts, pause/continue, logs and checkpoint garbage collection.
+
+Owns the set-up and checks at ``create``, the context snapshot, the runner, reports, tracebacks, control
+from outside the runner, and where trials run (``_executor``: processes on this machine; ``ray/``: Ray).
+
+May import: errors, _info, _compat, _format, config, core.*, loop, _trial_context,
+searcher, pytorch.*, deepspeed, keras, testing, launch, experiment.ray
+"""
 
 from determined_trials.core.store._retention import RetentionPolicy, collect_garbage, kept_checkpoints
 from determined_trials.experiment._errors import ExperimentError

@@ -205,7 +205,7 @@ def _placement(ray: str | None, store: LocalStore, model_dir: Path, config_path:
     """Where trials run: this machine's processes and GPUs, or a Ray cluster (ray imported only then)."""
     if ray is None:
         return {"max_parallel": parallelism(config, max_parallel), "gpus": visible_gpus()}
-    from determined_trials.experiment._ray_executor import ray_runner_options
+    from determined_trials.experiment.ray._executor import ray_runner_options
 
     return ray_runner_options(ray, store=store, model_dir=model_dir, config_path=config_path, config=config,
                               max_parallel=max_parallel)

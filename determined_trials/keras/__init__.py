@@ -1,5 +1,10 @@
 """``det.keras``: TFKerasTrial for Keras 3 (TensorFlow backend) under the one loop, its context and
-callbacks, ``init`` + ``Trainer``, ``DeterminedCallback`` for plain ``model.fit`` and checkpoint loading."""
+callbacks, ``init`` + ``Trainer``, ``DeterminedCallback`` for plain ``model.fit`` and checkpoint loading.
+
+The only room that imports TensorFlow.
+
+May import: errors, _info, _compat, _format, config, core.*, loop, _trial_context
+"""
 
 from determined_trials.keras._backend import require_tensorflow_backend
 

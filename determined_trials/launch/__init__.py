@@ -1,5 +1,9 @@
 """Launchers, run as ``python -m determined_trials.launch.<name>``: ``torch_distributed`` (torchrun),
-``wrap_rank`` (per-rank output prefix) and ``harness`` (one rank of a ``--trial FILEPATH:Class``)."""
+``wrap_rank`` (per-rank output prefix) and ``harness`` (one rank of a ``--trial FILEPATH:Class``).
+
+May import: errors, _info, _compat, _format, config, core.*, loop, _trial_context,
+searcher, pytorch.*, deepspeed, keras, testing
+"""
 
 from determined_trials.launch._args import entrypoint_command
 from determined_trials.launch._launch_dir import LAUNCH_DIR_ENV, PREEMPTED_EXIT_CODE

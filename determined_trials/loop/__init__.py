@@ -1,8 +1,9 @@
 """The framework-agnostic loop: units, schedule, trial state, hook order, controller, and the one ``fit``
 front every family's ``Trainer`` shares (``_fit``).
 
-May import: ``core`` (and its rooms), ``config``, ``errors``, ``_info``. Imports neither torch nor
-tensorflow; the PyTorch, DeepSpeed and Keras adapters run under it.
+Imports neither torch nor tensorflow; the PyTorch, DeepSpeed and Keras adapters run under it.
+
+May import: errors, _info, config, core.*
 """
 
 from determined_trials.loop._adapter import DataShape, TrialAdapter

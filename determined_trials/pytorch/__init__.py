@@ -1,5 +1,15 @@
 """``det.pytorch``: PyTorchTrial, its context, data loader, reducers, LR schedulers, callbacks and
-the Trainer, with Determined's public names."""
+the Trainer, with Determined's public names.
+
+Owns the adapter and its batch loop (``_adapter``, ``_batch_loop``), metrics and reducers (``_metrics``,
+``_reducer``), the trial class, its context and what every torch-based context shares (``_trial``,
+``_context``, ``_services``, ``_experimental``), callbacks, TensorBoard, the ``Trainer`` and loading a trial
+from a checkpoint (``_load``). Its rooms: ``data/`` (the data chain), ``checkpoint/`` (checkpoint files,
+host snapshots, DCP), ``parallel/`` (DDP, FSDP2), ``device/`` (device, AMP) and ``optim/`` (the optimizer
+step, the LR scheduler wrapper). ``deepspeed.py`` is ``det.deepspeed`` itself (a named exception).
+
+May import: errors, _info, _compat, _format, config, core.*, loop, _trial_context, pytorch.*
+"""
 
 from determined_trials.loop import Batch, Epoch, Record, TrainUnit
 from determined_trials.pytorch import samplers
@@ -7,11 +17,11 @@ from determined_trials.pytorch._callback import PyTorchCallback
 from determined_trials.pytorch._compat import TorchData, adapt_batch_sampler, to_device
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._load import CheckpointLoadContext, load_trial_from_checkpoint_path
-from determined_trials.pytorch._lr_scheduler import LRScheduler
 from determined_trials.pytorch._reducer import MetricReducer, Reducer
 from determined_trials.pytorch._trainer import Trainer, init
 from determined_trials.pytorch._trial import PyTorchTrial
 from determined_trials.pytorch.data._loader import DataLoader
+from determined_trials.pytorch.optim._lr_scheduler import LRScheduler
 from determined_trials.pytorch.samplers import data_length
 
 __all__ = [

@@ -16,7 +16,10 @@ import torch
 from determined_trials.loop import DataShape, HookRunner, TrialState
 from determined_trials.pytorch._batch_loop import CPU, BatchLoop, cpu_tensors
 from determined_trials.pytorch._callback import overrides_hook
-from determined_trials.pytorch._checkpoint_io import (
+from determined_trials.pytorch._context import PyTorchTrialContext
+from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
+from determined_trials.pytorch._trial import PyTorchTrial, evaluate_takes_batch_idx
+from determined_trials.pytorch.checkpoint._io import (
     large_state_template,
     load_trial_state,
     save_trial_state,
@@ -24,13 +27,10 @@ from determined_trials.pytorch._checkpoint_io import (
     state_nbytes,
     write_trial_state,
 )
-from determined_trials.pytorch._context import PyTorchTrialContext
-from determined_trials.pytorch._fsdp import check_model_mix, is_dcp_checkpoint, is_fsdp
-from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
-from determined_trials.pytorch._snapshot import HostBuffers
-from determined_trials.pytorch._trial import PyTorchTrial, evaluate_takes_batch_idx
+from determined_trials.pytorch.checkpoint._snapshot import HostBuffers
 from determined_trials.pytorch.data._loader import DataLoader
 from determined_trials.pytorch.data._raw import is_reproducible_loader, wrap_raw_loader
+from determined_trials.pytorch.parallel._fsdp import check_model_mix, is_dcp_checkpoint, is_fsdp
 
 __all__ = ["PyTorchAdapter"]
 
@@ -70,7 +70,7 @@ class PyTorchAdapter(BatchLoop):
 
     def load(self, path: Path) -> None:
         if self._sharded or is_dcp_checkpoint(path):
-            from determined_trials.pytorch import _dcp  # torch.distributed.checkpoint: only when used
+            from determined_trials.pytorch.checkpoint import _dcp  # torch.distributed.checkpoint: only when used
 
             _dcp.load_sharded_state(path, self._context, self._hooks)
         else:
@@ -98,7 +98,7 @@ class PyTorchAdapter(BatchLoop):
             global_batch = _raw_batch_size(loader, size)
         self._epoch_len = self._stream.epoch_len
         if self.sharded_save and size > 1:  # made once here, not in the first checkpoint's time
-            from determined_trials.pytorch import _dcp
+            from determined_trials.pytorch.checkpoint import _dcp
 
             _dcp.checkpoint_group()
         self._context.reducers.reset(True)
@@ -152,7 +152,7 @@ class PyTorchAdapter(BatchLoop):
 
     def save(self, path: Path) -> None:
         if self.sharded_save:
-            from determined_trials.pytorch import _dcp
+            from determined_trials.pytorch.checkpoint import _dcp
 
             _dcp.save_sharded_state(path, self._trial, self._context, self._hooks)
         elif self._host_buffers.pinned:  # the last checkpoint of a GPU state: pinned copies beat torch.save's
@@ -163,7 +163,7 @@ class PyTorchAdapter(BatchLoop):
     def start_sharded_save(self, path: Path) -> Any:
         """On every rank (FSDP2): start writing this rank's shard into ``path`` in the background
         (``dcp.async_save``); returns a future the loop waits for before it publishes the checkpoint."""
-        from determined_trials.pytorch import _dcp
+        from determined_trials.pytorch.checkpoint import _dcp
 
         group = _dcp.checkpoint_group() if self._dist.get_size() > 1 else None
         return _dcp.start_sharded_save(path, self._trial, self._context, self._hooks, group,

@@ -12,12 +12,14 @@ import torch
 from determined_trials._trial_context import TrialContext, TrialIdentity
 from determined_trials.config import ExperimentConfig
 from determined_trials.errors import ConfigError
-from determined_trials.pytorch import _amp, _ddp, _fsdp, _stepping
-from determined_trials.pytorch._device import default_device
 from determined_trials.pytorch._experimental import PyTorchExperimentalContext
-from determined_trials.pytorch._lr_scheduler import LRScheduler
 from determined_trials.pytorch._services import TrialServices
 from determined_trials.pytorch.data._position import TrainPosition
+from determined_trials.pytorch.device import _amp
+from determined_trials.pytorch.device._device import default_device
+from determined_trials.pytorch.optim import _stepping
+from determined_trials.pytorch.optim._lr_scheduler import LRScheduler
+from determined_trials.pytorch.parallel import _ddp, _fsdp
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -179,7 +181,7 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         if self._auto_scaler is not None:
             loss = self._auto_scaler.scale(loss)
         if self._restore_grads is not None:
-            from determined_trials.pytorch._fsdp_grads import apply_restored_grads
+            from determined_trials.pytorch.parallel._fsdp_grads import apply_restored_grads
 
             apply_restored_grads(self._restore_grads)
             self._restore_grads = None

@@ -1,5 +1,8 @@
 """Hyperparameter searchers for local experiments: which trials to create, how long each trains,
-which to stop; pure logic with `state_dict()` for pause/continue."""
+which to stop; pure logic with `state_dict()` for pause/continue.
+
+May import: errors, config
+"""
 
 from determined_trials.searcher._base import Searcher, TrialRequest, trial_seed
 from determined_trials.searcher._rungs import RungSearch, promotes

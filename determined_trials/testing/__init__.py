@@ -1,4 +1,7 @@
-"""Helpers shipped for users' own tests: run a function as the ranks of a job in real processes."""
+"""Helpers shipped for users' own tests: run a function as the ranks of a job in real processes.
+
+May import: errors, core.*, loop
+"""
 
 from determined_trials.testing._ranks import RanksFailed, free_port, run_ranks
 

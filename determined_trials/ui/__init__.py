@@ -4,9 +4,10 @@ charts, checkpoints, logs; pause, continue and kill) and the JSON API its page u
 Owns the app and its routes (``_app``), the JSON the API answers (``_data``), downsampling series
 (``_downsample``), the token and serving with uvicorn (``_server``) and the page's files (``static/``).
 
-May import: ``core`` and ``core.store`` (reads), ``experiment`` (the three actions), ``config``, ``errors``,
-``_format``. Only ``cli`` imports it, and only when ``det-trials ui`` runs (starlette and uvicorn are the
-``ui`` extra).
+``core`` and ``core.store`` for reads, ``experiment`` for the three actions. Only ``cli`` imports it, and
+only when ``det-trials ui`` runs (starlette and uvicorn are the ``ui`` extra).
+
+May import: errors, _format, config, core, core.store, experiment
 """
 
 from determined_trials.ui._app import UiSettings, create_app

@@ -6,5 +6,7 @@ Owns the runner's server (``_server``: ``StoreChannelServer``, ``ChannelToken``)
 
 A room of its own, not part of ``core.transport``: its peers (runner and trial, not the ranks of one job),
 its lifetime and its authentication differ from the collectives', and it depends on the store while the
-collectives must not. May import: ``core.store``, ``errors``. Never ``core.transport`` nor any framework.
+collectives must not. Never ``core.transport`` nor any framework.
+
+May import: errors, core.store
 """

@@ -1,4 +1,7 @@
-"""Checkpoint storage backends (a directory, S3) behind one StorageManager interface."""
+"""Checkpoint storage backends (a directory, S3) behind one StorageManager interface.
+
+May import: errors
+"""
 
 from __future__ import annotations
 

@@ -8,8 +8,10 @@ reads and their record types (``_reads``, ``_records``), training reports held a
 (``_retention``), and the states it records (``_states``: ``RunState`` of experiments and
 trials, ``CheckpointState``; both re-exported here for the rooms above).
 
-May import: ``core.storage`` (to delete and settle checkpoint folders), ``config``, ``errors``. Never
-``core.transport`` or ``core.channel`` (the network sits above the store), nor any framework.
+``core.storage`` to delete and settle checkpoint folders. Never ``core.transport`` or ``core.channel`` (the
+network sits above the store), nor any framework.
+
+May import: errors, config, core.storage
 """
 
 from determined_trials.core.store._states import CheckpointState, RunState

@@ -4,6 +4,8 @@ Owns one process's star of sockets (``_transport``), the chief's and a worker's 
 ``_worker``), the message layout they share (``_common``) and how endpoints are named and checked
 (``_addresses``: ipc paths, TCP ports, the job key).
 
-May import: ``errors`` and pyzmq. Nothing else of ``core`` (the store, the channel and the contexts sit
-above it), nor any framework.
+Besides pyzmq, nothing else of ``core`` (the store, the channel and the contexts sit above it), nor any
+framework.
+
+May import: errors
 """

@@ -6,6 +6,8 @@ Owns ``DataLoader`` (``_loader``), the plans that decide each epoch's order and 
 lengths (``_length``), the trial's position in the data (``_position``) and the samplers (``_samplers``,
 public as ``det.pytorch.samplers``). The DeepSpeed and Keras adapters lean on it too.
 
-May import: torch, ``loop`` (units, ``_data_order``), ``errors``. Nothing else of ``pytorch``: the
-adapter, contexts and trainer sit above it.
+Besides torch, ``loop`` (units, ``_data_order``). Nothing else of ``pytorch``: the adapter, contexts and
+trainer sit above it.
+
+May import: errors, loop
 """

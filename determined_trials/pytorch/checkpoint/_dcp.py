@@ -29,15 +29,15 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from determined_trials.loop import HookRunner
-from determined_trials.pytorch._checkpoint_io import (
+from determined_trials.pytorch.checkpoint._io import (
     capture_rng,
     read_state_file,
     restore_rng,
     write_load_data,
 )
-from determined_trials.pytorch._ddp import plain_module
-from determined_trials.pytorch._fsdp import DCP_DIR, is_dcp_checkpoint
-from determined_trials.pytorch._fsdp_grads import pending_fsdp_grads, restore_fsdp_grads
+from determined_trials.pytorch.parallel._ddp import plain_module
+from determined_trials.pytorch.parallel._fsdp import DCP_DIR, is_dcp_checkpoint
+from determined_trials.pytorch.parallel._fsdp_grads import pending_fsdp_grads, restore_fsdp_grads
 
 if TYPE_CHECKING:
     from determined_trials.pytorch._context import PyTorchTrialContext

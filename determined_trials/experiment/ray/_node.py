@@ -22,7 +22,7 @@ from determined_trials.core.channel._client import STORE_CHANNEL_ENV, RemoteStor
 from determined_trials.core.channel._server import ChannelToken
 from determined_trials.experiment._launch import TrialLaunch, trial_command, trial_environment
 from determined_trials.experiment._process import TrialProcess
-from determined_trials.experiment._ray_files import pack_tensorboard
+from determined_trials.experiment.ray._files import pack_tensorboard
 from determined_trials.launch._procs import free_port
 from determined_trials.launch._spawn import TF_WORKERS_ENV
 

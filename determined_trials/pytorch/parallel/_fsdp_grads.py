@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from determined_trials.pytorch._ddp import plain_module
-from determined_trials.pytorch._fsdp import fsdp_class, is_fsdp
+from determined_trials.pytorch.parallel._ddp import plain_module
+from determined_trials.pytorch.parallel._fsdp import fsdp_class, is_fsdp
 
 __all__ = ["apply_restored_grads", "pending_fsdp_grads", "restore_fsdp_grads"]
 

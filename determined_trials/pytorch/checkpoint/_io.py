@@ -23,8 +23,8 @@ import torch
 import torch.utils.serialization  # noqa: F401 - torch.save imports it on first use: not in the first checkpoint
 
 from determined_trials.loop import HookRunner
-from determined_trials.pytorch._ddp import plain_module, plain_state_dict
-from determined_trials.pytorch._snapshot import copy_to_host, wait_copied
+from determined_trials.pytorch.checkpoint._snapshot import copy_to_host, wait_copied
+from determined_trials.pytorch.parallel._ddp import plain_module, plain_state_dict
 
 if TYPE_CHECKING:
     from determined_trials._trial_context import TrialContext

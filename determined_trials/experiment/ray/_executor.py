@@ -18,10 +18,10 @@ from determined_trials.core.store._local import LocalStore
 from determined_trials.experiment._errors import ExperimentError
 from determined_trials.experiment._executor import TrialHandle, TrialJob
 from determined_trials.experiment._launch import trial_command
-from determined_trials.experiment._ray_files import merge_tensorboard
-from determined_trials.experiment._ray_handle import RayTrialRun
-from determined_trials.experiment._ray_layout import Layout, LayoutError, multi_node_launcher, plan_layout
-from determined_trials.experiment._ray_node import NodeRole, TrialActor, pack_folder, probe_marker
+from determined_trials.experiment.ray._files import merge_tensorboard
+from determined_trials.experiment.ray._handle import RayTrialRun
+from determined_trials.experiment.ray._layout import Layout, LayoutError, multi_node_launcher, plan_layout
+from determined_trials.experiment.ray._node import NodeRole, TrialActor, pack_folder, probe_marker
 
 __all__ = ["DEFAULT_RAY_PARALLEL", "RayExecutor", "RayExecutorError", "ray_runner_options"]
 
