@@ -1,4 +1,6 @@
-"""Top-level names Determined's scripts use at import time: ``LOG_FORMAT`` and ``import_from_path``.
+"""Top-level names Determined's scripts use at import time: ``LOG_FORMAT`` and ``import_from_path``; and how
+a user's ``module:Class`` is found (``import_qualname``, ``resolve_qualname``: the launcher's and the
+checkpoint loader's one importer of a trial class).
 
 May import: nothing
 """
@@ -6,11 +8,13 @@ May import: nothing
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["LOG_FORMAT", "import_from_path"]
+__all__ = ["LOG_FORMAT", "import_from_path", "import_qualname", "resolve_qualname"]
 
 LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
 """A ``logging.basicConfig(format=...)`` that shows the process, for multi-process logs."""
@@ -50,3 +54,22 @@ def _shadowed_by(name: str, module: object, folder: str) -> bool:
     top = name.partition(".")[0]
     exists = os.path.exists(os.path.join(folder, f"{top}.py")) or os.path.isdir(os.path.join(folder, top))
     return exists and not _inside(getattr(module, "__file__", None), folder)
+
+
+def import_qualname(module_name: str, qualname: str) -> Any:
+    """The object at the dotted ``qualname`` of the module ``module_name`` (``ImportError`` or ``AttributeError``
+    when there is none)."""
+    return resolve_qualname(importlib.import_module(module_name), qualname)
+
+
+def resolve_qualname(obj: Any, qualname: str) -> Any:
+    """The attribute at the dotted ``qualname`` below ``obj`` (a module's ``Outer.Inner``); otherwise the
+    ``AttributeError``, its ``name`` set to the prefix that is missing (``"Outer"`` or ``"Outer.Inner"``)."""
+    parts = qualname.split(".")
+    for index, part in enumerate(parts):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as err:
+            err.name = ".".join(parts[: index + 1])
+            raise
+    return obj

@@ -290,3 +290,53 @@ def test_no_import_circles() -> None:
 def test_the_circle_finder_finds_a_circle() -> None:
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+# -- the trial-family registry: the module paths launch/_families.py imports by name ----------------------------
+
+
+def test_the_family_registry_names_modules_its_room_may_import() -> None:
+    """Each family's modules exist, its trial module defines the base class and ``check_trial_class``, and the
+    room that imports them by name (``launch/_families.py``'s ``importlib`` calls) may import their rooms."""
+    from determined_trials.launch import _families
+
+    modules, room = _modules(), _room("launch._families")
+    wrong = []
+    for family in _families.FAMILIES:
+        for path in (family.trial_module, family.package, family.launcher):
+            short = path.removeprefix("determined_trials.")
+            if short not in modules:
+                wrong.append(f"{family.name}: {path} is no module of the package")
+            elif _room(short) != room and _room(short) not in ALLOWED[room]:
+                wrong.append(f"{family.name}: {room} may not import {path} ({_room(short)})")
+        trial_file = modules.get(family.trial_module.removeprefix("determined_trials."))
+        body = ast.parse(trial_file.read_text()).body if trial_file is not None else []
+        defined = {node.name for node in body if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
+        if not {family.name, "check_trial_class"} <= defined:
+            wrong.append(f"{family.name}: {family.trial_module} lacks {family.name} or check_trial_class")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_dispatching_a_pytorch_trial_imports_no_tensorflow(tmp_path: Path) -> None:
+    (tmp_path / "registry_model.py").write_text(textwrap.dedent("""
+        from determined_trials import pytorch
+
+        class MyTrial(pytorch.PyTorchTrial):
+            def __init__(self, context):
+                pass
+            def build_training_data_loader(self):
+                pass
+            def build_validation_data_loader(self):
+                pass
+            def train_batch(self, batch, epoch_idx, batch_idx):
+                pass
+            def evaluate_batch(self, batch):
+                pass
+    """))
+    loaded = _modules_after(f"""
+        from determined_trials.launch._families import PYTORCH, family_of
+        from determined_trials.launch.harness import load_pytorch_trial
+        assert family_of(load_pytorch_trial("registry_model.py:MyTrial", {str(tmp_path)!r})) is PYTORCH
+    """)
+    assert "determined_trials.pytorch._trial" in loaded
+    assert not {m.split(".")[0] for m in loaded} & {"tensorflow", "keras"}

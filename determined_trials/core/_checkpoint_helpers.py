@@ -1,5 +1,6 @@
 """The checkpoint context's helpers: metadata checks and merging across ranks, the files a checkpoint
-stores, and the outcomes ranks exchange about a step (an error that travels, or a result)."""
+stores, reading one of its JSON files, and the outcomes ranks exchange about a step (an error that travels,
+or a result)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Any, TypeVar
 from determined_trials.core.storage import METADATA_FILE, Selector
 from determined_trials.core.storage._base import list_local_files
 
-__all__ = ["Outcome", "attempt", "check_metadata", "checkpoint_files", "jsonable", "merge_plans", "portable", "unwrap",
-           "warn_metadata_replaced"]
+__all__ = ["Outcome", "attempt", "check_metadata", "checkpoint_files", "jsonable", "merge_plans", "portable",
+           "read_json_file", "unwrap", "warn_metadata_replaced"]
 
 logger = logging.getLogger("determined_trials.core")
 
@@ -31,6 +32,14 @@ def checkpoint_files(src: Path | None, selector: Selector | None) -> dict[str, i
     if files.pop(METADATA_FILE, None) is not None:
         warn_metadata_replaced(src)
     return files
+
+
+def read_json_file(file: Path, missing: str) -> dict[str, Any]:
+    """The JSON object in a checkpoint's ``file``; ``FileNotFoundError(missing)`` when the file is not there."""
+    if not file.exists():
+        raise FileNotFoundError(missing)
+    loaded: dict[str, Any] = json.loads(file.read_text())
+    return loaded
 
 
 def warn_metadata_replaced(folder: Path) -> None:

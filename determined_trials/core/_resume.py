@@ -32,30 +32,36 @@ class Context(Protocol):
 
     def _retarget(self, trial: TrialInfo) -> None: ...
 
-__all__ = ["continue_bare_run", "latest_bare_checkpoint", "resume_bare_trial"]
+__all__ = ["LATEST", "continue_bare_run", "resolve_latest", "resume_bare_trial"]
 
 logger = logging.getLogger("determined_trials.core")
 
+LATEST = "latest"
+"""The checkpoint name that means the newest checkpoint (``resolve_latest`` says which)."""
 
-def latest_bare_checkpoint(store: LocalStore, trial: TrialInfo) -> str | None:
-    """The newest checkpoint of an earlier plain-script run with this run's experiment name (its
-    ``name`` in the config, else the script's name) in the run folder, or ``None``."""
-    name = store.experiment(trial.experiment_id).name
-    same_name = {e.id for e in store.experiments()
-                 if e.name == name and e.model_dir is None and e.id != trial.experiment_id}
-    found = [c for c in store.checkpoints() if c.experiment_id in same_name or c.trial_id == trial.trial_id]
+
+def resolve_latest(store: LocalStore, trial: TrialInfo | None = None) -> str | None:
+    """The uuid "latest" names, or ``None`` when there is none: the newest checkpoint in the run folder; for
+    a plain script's ``trial``, the newest of an earlier plain-script run with this run's experiment name
+    (its ``name`` in the config, else the script's name) or of ``trial`` itself."""
+    found = store.checkpoints()
+    if trial is not None:
+        name = store.experiment(trial.experiment_id).name
+        same_name = {e.id for e in store.experiments()
+                     if e.name == name and e.model_dir is None and e.id != trial.experiment_id}
+        found = [c for c in found if c.experiment_id in same_name or c.trial_id == trial.trial_id]
     return found[-1].uuid if found else None
 
 
 def continue_bare_run(context: Context, wanted: str | None) -> str | None:
-    """The checkpoint a plain script resumes from: ``wanted`` (a uuid, or ``"latest"``: the newest checkpoint
+    """The checkpoint a plain script resumes from: ``wanted`` (a uuid, or ``LATEST``: the newest checkpoint
     of an earlier run with this run's experiment name, None when there is none). The trial that wrote it
     goes on (``resume_bare_trial``), ``context.info.latest_checkpoint`` names it, and the chief says so on
     stderr. Every rank calls this."""
     dist = context.distributed
     uuid = wanted
-    if wanted == "latest":
-        uuid = latest_bare_checkpoint(context.store, context.info.trial) if dist.get_rank() == 0 else None
+    if wanted == LATEST:
+        uuid = resolve_latest(context.store, context.info.trial) if dist.get_rank() == 0 else None
         if dist.get_size() > 1:
             uuid = dist.broadcast(uuid)
         if uuid is None:

@@ -19,13 +19,13 @@ from determined_trials.deepspeed._context import DeepSpeedTrialContext
 from determined_trials.deepspeed._data import (
     CountingIterator,
     batches_in,
-    require_opt_out,
     training_stream,
     validation_loader,
 )
 from determined_trials.deepspeed._trial import DeepSpeedTrial
 from determined_trials.loop import DataShape, HookRunner, TrialState
 from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
+from determined_trials.pytorch.data._loader import require_opt_out
 from determined_trials.pytorch.data._stream import TrainingStream
 
 __all__ = ["DeepSpeedAdapter"]

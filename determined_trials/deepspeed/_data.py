@@ -11,20 +11,9 @@ from determined_trials.pytorch.data._loader import DataLoader
 from determined_trials.pytorch.data._raw import wrap_raw_loader
 from determined_trials.pytorch.data._samplers import data_length
 
-__all__ = ["CountingIterator", "require_opt_out", "training_stream", "validation_loader"]
+__all__ = ["CountingIterator", "training_stream", "validation_loader"]
 
 logger = logging.getLogger("determined_trials.deepspeed")
-
-
-def require_opt_out(loader: Any, method: str, checks_enabled: bool) -> None:
-    """A loader that is not a ``det.pytorch.DataLoader`` needs ``disable_dataset_reproducibility_checks()``."""
-    if isinstance(loader, DataLoader) or not checks_enabled:
-        return
-    raise TypeError(
-        f"{method}() returned a {type(loader).__module__}.{type(loader).__name__}, not a det.pytorch.DataLoader, "
-        "so the harness cannot shuffle, shard and skip it reproducibly. Return det.pytorch.DataLoader(...) (same "
-        "arguments as torch's), or call context.disable_dataset_reproducibility_checks() in your trial's __init__()."
-    )
 
 
 def training_stream(loader: Any, *, seed: int, rank: int, size: int, start_batch: int, micro_batches: int,

@@ -24,7 +24,6 @@ from determined_trials.errors import ConfigError
 __all__ = ["PREFLIGHT_TIMEOUT_S", "PreflightError", "check_command", "check_entrypoint", "trial_spec_of"]
 
 PREFLIGHT_TIMEOUT_S = 300.0
-_NEEDS_GLOBAL_BATCH_SIZE = ("PyTorchTrial", "TFKerasTrial")
 _DOTTED_CLASS = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)\.([A-Za-z_][A-Za-z0-9_]*)$")  # `model_def.MyTrial`
 _PYTHON = re.compile(r"^python[0-9.]*$")
 
@@ -103,14 +102,17 @@ def check_entrypoint(config: Any, model_dir: Path, timeout: float = PREFLIGHT_TI
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         message = lines[-1] if lines else f"exit status {done.returncode}"
         raise PreflightError(f"the config's entrypoint cannot run: {message.removeprefix('error: ')}")
-    family = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-    if family in _NEEDS_GLOBAL_BATCH_SIZE and "global_batch_size" not in config.hyperparameters:
-        raise ConfigError(f"hyperparameters: a {family} needs `global_batch_size` (the batch size summed "
+    from determined_trials.launch._families import family_named
+
+    family = family_named(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "")
+    if family is not None and family.needs_global_batch_size and "global_batch_size" not in config.hyperparameters:
+        raise ConfigError(f"hyperparameters: a {family.name} needs `global_batch_size` (the batch size summed "
                           "over all processes); add e.g. `global_batch_size: 32` under hyperparameters")
 
 
 def _main(argv: list[str]) -> int:
-    from determined_trials.launch._trial_spec import TrialSpecError, import_trial_class, parse_trial_spec, trial_family
+    from determined_trials.launch._families import claimed_family
+    from determined_trials.launch._trial_spec import TrialSpecError, import_trial_class, parse_trial_spec
 
     text, context_dir = argv
     try:
@@ -119,7 +121,7 @@ def _main(argv: list[str]) -> int:
     except TrialSpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    family = trial_family(cls)
+    family = claimed_family(cls)
     if family is None:
         bases = ", ".join(base.__name__ for base in cls.__bases__)
         print(f"error: {text!r}: {cls.__name__} is not a trial class (its bases: {bases}); make it subclass "
@@ -127,9 +129,9 @@ def _main(argv: list[str]) -> int:
         return 2
     if inspect.isabstract(cls):
         missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
-        print(f"error: {text!r}: {cls.__name__} does not define {missing}; a {family} needs them", file=sys.stderr)
+        print(f"error: {text!r}: {cls.__name__} does not define {missing}; a {family.name} needs them", file=sys.stderr)
         return 2
-    print(family)
+    print(family.name)
     return 0
 
 

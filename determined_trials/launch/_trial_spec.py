@@ -15,19 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from determined_trials._compat import resolve_qualname
+from determined_trials.launch._families import claimed_family, family_named
 from determined_trials.launch._procs import run_child
 
-__all__ = [
-    "FAMILY_LAUNCHERS", "TrialSpec", "TrialSpecError", "family_launcher", "import_trial_class", "parse_trial_spec",
-    "trial_family",
-]
+__all__ = ["TrialSpec", "TrialSpecError", "family_launcher", "import_trial_class", "parse_trial_spec"]
 
-# trial base class name -> the launcher that runs it
-FAMILY_LAUNCHERS = {
-    "PyTorchTrial": "determined_trials.launch.torch_distributed",
-    "DeepSpeedTrial": "determined_trials.launch.deepspeed",
-    "TFKerasTrial": "determined_trials.launch.tensorflow",
-}
 _EXAMPLE = "e.g. --trial model_def.py:MyTrial or --trial model_def:MyTrial"
 
 
@@ -100,11 +93,10 @@ def import_trial_class(spec: TrialSpec) -> type:
     for name in [m for m in sys.modules if m == spec.module or m.startswith(spec.module + ".")]:
         del sys.modules[name]  # a module of that name imported earlier (e.g. from another folder)
     module = _import_module(spec)
-    target: object = module
-    for index, part in enumerate(spec.class_path.split(".")):
-        if not hasattr(target, part):
-            raise TrialSpecError(_missing_class(spec, module, ".".join(spec.class_path.split(".")[: index + 1])))
-        target = getattr(target, part)
+    try:
+        target = resolve_qualname(module, spec.class_path)
+    except AttributeError as err:
+        raise TrialSpecError(_missing_class(spec, module, err.name or spec.class_path)) from None
     if not isinstance(target, type):
         kind = "function" if inspect.isroutine(target) else type(target).__name__
         raise TrialSpecError(f"--trial {spec.text!r}: {spec.class_path!r} in {spec.where} is a {kind}, not a "
@@ -144,14 +136,6 @@ def _user_frame(exc: BaseException, spec: TrialSpec) -> str:
     return f" (at {last.filename}:{last.lineno}: {(last.line or '').strip()})"
 
 
-def trial_family(cls: type) -> str | None:
-    """The trial base class ``cls`` derives from (by name: no framework is imported), or None."""
-    for base in inspect.getmro(cls):
-        if base.__name__ in FAMILY_LAUNCHERS:
-            return base.__name__
-    return None
-
-
 def family_launcher(spec_text: str | None, context_dir: str | os.PathLike[str], current: str,
                     stop: Sequence[int] = ()) -> str | None:
     """The launcher module for the ``--trial`` class's family when it is not ``current`` (a launcher's
@@ -163,14 +147,14 @@ def family_launcher(spec_text: str | None, context_dir: str | os.PathLike[str], 
         return None
     probe = [sys.executable, "-m", "determined_trials.launch._trial_spec", spec_text, str(context_dir)]
     out = run_child(probe, timeout=300, stop=stop).strip()
-    launcher = FAMILY_LAUNCHERS.get(out.splitlines()[-1] if out else "")
-    return launcher if launcher is not None and launcher.rsplit(".", 1)[-1] != current else None
+    family = family_named(out.splitlines()[-1] if out else "")
+    return family.launcher if family is not None and family.launcher.rsplit(".", 1)[-1] != current else None
 
 
 def _trial_classes(module: ModuleType) -> list[str]:
     classes = [
         name for name, value in vars(module).items()
-        if isinstance(value, type) and trial_family(value) is not None and value.__name__ not in FAMILY_LAUNCHERS
+        if isinstance(value, type) and claimed_family(value) is not None and family_named(value.__name__) is None
     ]
     return sorted(classes)
 
@@ -190,6 +174,7 @@ def _missing_class(spec: TrialSpec, module: ModuleType, missing: str) -> str:
 
 if __name__ == "__main__":  # print the family of a spec's class (used by family_launcher)
     try:
-        print(trial_family(import_trial_class(parse_trial_spec(sys.argv[1], sys.argv[2]))) or "")
+        family = claimed_family(import_trial_class(parse_trial_spec(sys.argv[1], sys.argv[2])))
+        print(family.name if family is not None else "")
     except TrialSpecError:
         print("")

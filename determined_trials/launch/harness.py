@@ -13,7 +13,6 @@ a launcher, which reads the ``preempted`` marker); 2 for a spec or config proble
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import logging
 import os
@@ -23,6 +22,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
+from determined_trials.launch._families import PYTORCH, TrialFamily, claimed_family, family_of
 from determined_trials.launch._launch_dir import (
     PREEMPTED_EXIT_CODE,
     launch_dir,
@@ -30,14 +30,7 @@ from determined_trials.launch._launch_dir import (
     mark_ready,
     write_failure,
 )
-from determined_trials.launch._trial_spec import (
-    FAMILY_LAUNCHERS,
-    TrialSpec,
-    TrialSpecError,
-    import_trial_class,
-    parse_trial_spec,
-    trial_family,
-)
+from determined_trials.launch._trial_spec import TrialSpec, TrialSpecError, import_trial_class, parse_trial_spec
 
 __all__ = ["CONFIG_ENV", "LATEST_CHECKPOINT_ENV", "load_pytorch_trial", "main", "resolve_latest_checkpoint"]
 
@@ -46,8 +39,6 @@ LATEST_CHECKPOINT_ENV = "DET_LATEST_CHECKPOINT"
 USAGE_EXIT_CODE = 2
 _PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 logger = logging.getLogger("determined_trials.launch")
-# trial family -> its package (``init``, ``Trainer``; ``_trial.check_trial_class``); other classes are PyTorchTrials
-_FAMILY_PACKAGES = {"TFKerasTrial": "determined_trials.keras", "DeepSpeedTrial": "determined_trials.deepspeed"}
 
 
 class HarnessError(Exception):
@@ -84,47 +75,40 @@ class _EarlySignals:
 
 
 def load_pytorch_trial(spec_text: str, context_dir: str | os.PathLike[str] = ".") -> type:
-    """The PyTorchTrial class a ``--trial`` spec names; ``TrialSpecError`` with advice otherwise."""
+    """The trial class (of any family in ``launch/_families``) a ``--trial`` spec names; ``TrialSpecError``
+    with advice otherwise."""
     spec = parse_trial_spec(spec_text, context_dir)
     cls = import_trial_class(spec)
-    _check_pytorch_trial(cls, spec)
+    _check_trial_class(cls, spec)
     return cls
 
 
-def _check_pytorch_trial(cls: type, spec: TrialSpec) -> None:
-    family = trial_family(cls)
-    name = f"{cls.__name__!r} in {spec.where}"
-    if family in _FAMILY_PACKAGES:
-        try:
-            importlib.import_module(f"{_FAMILY_PACKAGES[family]}._trial").check_trial_class(cls)
-        except TypeError as exc:
-            raise TrialSpecError(f"--trial {spec.text!r}: {exc}") from None
-        return
+def _check_trial_class(cls: type, spec: TrialSpec) -> None:
+    family = claimed_family(cls)
     if family is None:
         bases = ", ".join(base.__name__ for base in cls.__bases__)
-        raise TrialSpecError(f"--trial {spec.text!r}: {name} is not a trial class (its bases: {bases}); "
-                             "make it subclass det.pytorch.PyTorchTrial")
-    if family != "PyTorchTrial":
-        raise TrialSpecError(
-            f"--trial {spec.text!r}: {name} is a {family}, and this harness runs PyTorchTrial only; launch it "
-            f"with: python -m {FAMILY_LAUNCHERS[family]} --trial {spec.text}"
-        )
+        raise TrialSpecError(f"--trial {spec.text!r}: {cls.__name__!r} in {spec.where} is not a trial class (its "
+                             f"bases: {bases}); make it subclass det.pytorch.PyTorchTrial")
+    if family is PYTORCH:
+        _check_pytorch_trial(cls, spec, family)
+    try:
+        family.trial().check_trial_class(cls)
+    except TypeError as exc:
+        raise TrialSpecError(f"--trial {spec.text!r}: {exc}") from None
+
+
+def _check_pytorch_trial(cls: type, spec: TrialSpec, family: TrialFamily) -> None:
+    """What the harness says first of a PyTorchTrial: the methods it lacks, or a look-alike base class."""
+    name = f"{cls.__name__!r} in {spec.where}"
     if inspect.isabstract(cls):
         missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
         raise TrialSpecError(f"--trial {spec.text!r}: {name} does not define {missing}; a PyTorchTrial needs them")
-    from determined_trials.pytorch import PyTorchTrial
-    from determined_trials.pytorch._trial import check_trial_class
-
-    if not issubclass(cls, PyTorchTrial):
-        base = next(b for b in cls.__mro__ if b.__name__ == "PyTorchTrial")
+    if not issubclass(cls, family.base_class()):
+        base = next(b for b in cls.__mro__ if b.__name__ == family.name)
         raise TrialSpecError(
             f"--trial {spec.text!r}: {name} subclasses {base.__module__}.PyTorchTrial, not this package's; "
             "import it with `from determined_trials import pytorch` (pytorch.PyTorchTrial)"
         )
-    try:
-        check_trial_class(cls)
-    except TypeError as exc:
-        raise TrialSpecError(f"--trial {spec.text!r}: {exc}") from None
 
 
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -168,7 +152,9 @@ def _load_experiment_config(path: str | None) -> Any:
 
 def resolve_latest_checkpoint(value: str | None) -> str | None:
     """A checkpoint uuid: ``value``, with 'latest' meaning the newest checkpoint in the run folder."""
-    if value != "latest":
+    from determined_trials.core._resume import LATEST, resolve_latest
+
+    if value != LATEST:
         return value or None
     from determined_trials._info import get_cluster_info
     from determined_trials.core import LocalStore
@@ -176,12 +162,12 @@ def resolve_latest_checkpoint(value: str | None) -> str | None:
 
     store = LocalStore(resolve_run_dir(None, get_cluster_info()))
     try:
-        checkpoints = store.checkpoints()
+        uuid = resolve_latest(store)
     finally:
         store.close()
-    if not checkpoints:
+    if uuid is None:
         raise HarnessError(f"--latest-checkpoint latest: there is no checkpoint in {store.path} yet")
-    return checkpoints[-1].uuid
+    return uuid
 
 
 def _fit_arguments(config: Any, latest_checkpoint: str | None) -> dict[str, Any]:
@@ -225,7 +211,7 @@ def _say_started(context: Any, trial_cls: type) -> None:
 def _train(trial_cls: type, config: Any, latest_checkpoint: str | None, early: _EarlySignals) -> int:
     from determined_trials.loop import ExitReason
 
-    package = importlib.import_module(_FAMILY_PACKAGES.get(trial_family(trial_cls) or "", "determined_trials.pytorch"))
+    package = (family_of(trial_cls) or PYTORCH).entry()
     trainer = None
     with package.init(exp_conf=config) as context:  # swallows InvalidHP: the trial ends early, as a success
         early.hand_over()

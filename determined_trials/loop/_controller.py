@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import logging
 import math
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from determined_trials.core._checkpoint_helpers import read_json_file
 from determined_trials.loop._adapter import DataShape, TrialAdapter
 from determined_trials.loop._checkpointing import CHECKPOINT_FORMAT, TRIAL_STATE_FILE, Checkpointer
 from determined_trials.loop._hooks import HookRunner
@@ -366,11 +366,7 @@ def _searcher_value(metrics: dict[str, Any], metric: str | None) -> float:
 
 
 def _read_trial_state(path: Path, storage_id: str) -> dict[str, Any]:
-    state_file = path / TRIAL_STATE_FILE
-    if not state_file.exists():
-        raise FileNotFoundError(
-            f"checkpoint {storage_id} has no {TRIAL_STATE_FILE}: it was not written by a det-trials "
-            "Trainer; load its weights in your trial's __init__ instead of passing latest_checkpoint"
-        )
-    loaded: dict[str, Any] = json.loads(state_file.read_text())
-    return loaded
+    return read_json_file(path / TRIAL_STATE_FILE, (
+        f"checkpoint {storage_id} has no {TRIAL_STATE_FILE}: it was not written by a det-trials "
+        "Trainer; load its weights in your trial's __init__ instead of passing latest_checkpoint"
+    ))

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from determined_trials._info import get_cluster_info
-from determined_trials.core._resume import continue_bare_run
+from determined_trials.core._context import LAUNCH_DIR_ENV
+from determined_trials.core._resume import LATEST, continue_bare_run
 from determined_trials.errors import TrainingInterrupted
 
 if TYPE_CHECKING:
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = ["interrupt_stops_training", "resolve_resume"]
 
-_LAUNCH_DIR_ENV = "DET_LAUNCH_DIR"
 _CTRL_C = ("det-trials: Ctrl-C: stopping after this batch with a checkpoint "
            "(press Ctrl-C again to abort at once, without one)")
 
@@ -34,7 +34,7 @@ def resolve_resume(core: Context, latest_checkpoint: str | None) -> str | None:
     in a plain script ``"latest"`` means the newest checkpoint of an earlier run of the same
     experiment name in the run folder, and resuming continues that run's trial."""
     if get_cluster_info() is not None:
-        if latest_checkpoint in (None, "latest"):
+        if latest_checkpoint in (None, LATEST):
             return core.info.latest_checkpoint
         return latest_checkpoint
     if latest_checkpoint is None:
@@ -56,7 +56,7 @@ def interrupt_stops_training(core: Context) -> Iterator[list[ExitReason]]:
         return
     if get_cluster_info() is not None:
         return  # the experiment runner says how to continue
-    launched = bool(os.environ.get(_LAUNCH_DIR_ENV))
+    launched = bool(os.environ.get(LAUNCH_DIR_ENV))
     if core.distributed.get_rank() == 0:
         latest = core.store.latest_checkpoint(core.info.trial.trial_id)
         how = "--latest-checkpoint latest" if launched else 'Trainer.fit(latest_checkpoint="latest")'

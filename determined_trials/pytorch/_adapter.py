@@ -28,7 +28,7 @@ from determined_trials.pytorch.checkpoint._io import (
     write_trial_state,
 )
 from determined_trials.pytorch.checkpoint._snapshot import HostBuffers
-from determined_trials.pytorch.data._loader import DataLoader
+from determined_trials.pytorch.data._loader import DataLoader, require_opt_out
 from determined_trials.pytorch.data._raw import is_reproducible_loader, wrap_raw_loader
 from determined_trials.pytorch.parallel._fsdp import check_model_mix, is_dcp_checkpoint, is_fsdp
 
@@ -298,16 +298,10 @@ class PyTorchAdapter(BatchLoop):
         check_model_mix(self._context.models, self._dist.get_size())
 
     def _require_opt_out(self, loader: Any, method: str) -> None:
-        if not self._context.experimental._dataset_checks:
-            if not is_reproducible_loader(loader) and self._dist.get_size() > 1:
-                logger.warning("%s returned a raw loader: sharding it across ranks is up to you", method)
-            return
-        raise TypeError(
-            f"{method}() returned a {type(loader).__module__}.{type(loader).__name__}, not a "
-            "det.pytorch.DataLoader, so the harness cannot shuffle, shard and skip it reproducibly. "
-            "Return det.pytorch.DataLoader(...) (same arguments as torch's), or call "
-            "context.experimental.disable_dataset_reproducibility_checks() in your trial's __init__()."
-        )
+        checks = self._context.experimental._dataset_checks
+        if not checks and not is_reproducible_loader(loader) and self._dist.get_size() > 1:
+            logger.warning("%s returned a raw loader: sharding it across ranks is up to you", method)
+        require_opt_out(loader, method, checks, "context.experimental.disable_dataset_reproducibility_checks()")
 
 
 def _average_batches(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -4,8 +4,6 @@ warm start, from our checkpoints and (with an explicit opt-in to unpickling) Det
 
 from __future__ import annotations
 
-import importlib
-import json
 import logging
 import os
 import warnings
@@ -13,8 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from determined_trials._compat import import_from_path
+from determined_trials._compat import import_from_path, import_qualname
 from determined_trials.config import ConfigWarning, ExperimentConfig, load_config
+from determined_trials.core._checkpoint_helpers import read_json_file
 from determined_trials.errors import ConfigError
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._trial import PyTorchTrial
@@ -107,14 +106,10 @@ def _recorded_config(recorded: Any, hparams: Mapping[str, Any]) -> ExperimentCon
 
 
 def _read_load_data(folder: Path) -> dict[str, Any]:
-    file = folder / LOAD_DATA_FILE
-    if not file.exists():
-        raise FileNotFoundError(
-            f"{folder} has no {LOAD_DATA_FILE}: pass the folder of a checkpoint written by a "
-            "det.pytorch Trainer (e.g. from checkpoint.restore_path(uuid) or the run folder's checkpoints/)"
-        )
-    loaded: dict[str, Any] = json.loads(file.read_text())
-    return loaded
+    return read_json_file(folder / LOAD_DATA_FILE, (
+        f"{folder} has no {LOAD_DATA_FILE}: pass the folder of a checkpoint written by a "
+        "det.pytorch Trainer (e.g. from checkpoint.restore_path(uuid) or the run folder's checkpoints/)"
+    ))
 
 
 def _import_trial_class(spec: str, code_dir: Path) -> type[PyTorchTrial]:
@@ -125,7 +120,7 @@ def _import_trial_class(spec: str, code_dir: Path) -> type[PyTorchTrial]:
             "imported; pass trial_class=YourTrial"
         )
     try:
-        obj = _resolve(module_name, qualname)
+        obj = import_qualname(module_name, qualname)
     except (ImportError, AttributeError) as err:
         if not code_dir.is_dir():
             raise ValueError(
@@ -133,17 +128,10 @@ def _import_trial_class(spec: str, code_dir: Path) -> type[PyTorchTrial]:
             ) from err
         try:
             with import_from_path(code_dir):
-                obj = _resolve(module_name, qualname)
+                obj = import_qualname(module_name, qualname)
         except (ImportError, AttributeError) as err2:
             raise ValueError(f"cannot import the checkpoint's trial class {spec!r}, not even from {code_dir} "
                              f"({err2}); pass trial_class=...") from err2
     if not (isinstance(obj, type) and issubclass(obj, PyTorchTrial)):
         raise TypeError(f"{spec!r} is not a PyTorchTrial subclass")
-    return obj
-
-
-def _resolve(module_name: str, qualname: str) -> Any:
-    obj: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
     return obj

@@ -261,7 +261,7 @@ def _fsync_pool() -> concurrent.futures.ThreadPoolExecutor:
     return pool
 
 
-def _fsync_file(path: str) -> None:
+def _fsync_file(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -270,12 +270,9 @@ def _fsync_file(path: str) -> None:
 
 
 def _fsync_dir(path: Path) -> None:
+    """A folder's fsync (its entries durable), where the file system allows one."""
     with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_file(path)
 
 
 def _newest_mtime(path: Path) -> float:

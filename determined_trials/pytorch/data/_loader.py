@@ -25,7 +25,7 @@ from determined_trials.pytorch.data._plan import (
 from determined_trials.pytorch.data._samplers import DistributedBatchSampler, RepeatBatchSampler, SkipBatchSampler
 from determined_trials.pytorch.data._stream import PositionSeededDataset, StreamBatchSampler, TrainingStream
 
-__all__ = ["DataLoader", "ValidationLoader"]
+__all__ = ["DataLoader", "ValidationLoader", "require_opt_out"]
 
 _GENERATOR_TAG = 0x6E4
 
@@ -292,3 +292,16 @@ def _warn_about_sampler(sampler: Any) -> None:
             "seed) or give the sampler a seeded torch.Generator",
             stacklevel=3,
         )
+
+
+def require_opt_out(loader: Any, method: str, checks_enabled: bool,
+                    opt_out: str = "context.disable_dataset_reproducibility_checks()") -> None:
+    """A loader that is not a ``det.pytorch.DataLoader`` needs the trial to call ``opt_out`` (how its context
+    turns the dataset reproducibility checks off): a TypeError saying so while ``checks_enabled``."""
+    if isinstance(loader, DataLoader) or not checks_enabled:
+        return
+    raise TypeError(
+        f"{method}() returned a {type(loader).__module__}.{type(loader).__name__}, not a det.pytorch.DataLoader, "
+        "so the harness cannot shuffle, shard and skip it reproducibly. Return det.pytorch.DataLoader(...) (same "
+        f"arguments as torch's), or call {opt_out} in your trial's __init__()."
+    )
