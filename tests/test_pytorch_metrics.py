@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 import torch
 
+from determined_trials.loop import reduce_across_ranks
 from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
-from determined_trials.pytorch._reducer import Reducer
-
-
-def _single(x: Any) -> list[Any]:
-    return [x]
+from determined_trials.pytorch._reducer import Reducer, ReducerRegistry
+from tests._sim_ranks import SimulatedRanks, reduce_one
 
 
 def _ranks(metrics: list[Any]) -> list[dict[str, Any]]:
-    """finish() on every simulated rank with a fake allgather that returns all summaries."""
-    summaries = [m.summary() for m in metrics]
-    return [m.finish(lambda mine: summaries) for m in metrics]
+    """The adapters' reduction on every simulated rank, each rank holding one of ``metrics``."""
+    sim = SimulatedRanks(len(metrics))
+    results = sim.run([lambda dist, m=m: reduce_across_ranks(dist, m, ReducerRegistry(), True)[0] for m in metrics])
+    assert sim.collectives == [1] * len(metrics)  # one allgather per rank
+    return results
 
 
 # --- training ----------------------------------------------------------------------------------
@@ -30,7 +30,7 @@ def test_tensor_output_is_the_loss_averaged_over_batches() -> None:
     for loss in (1.0, 2.0, 4.5):
         metrics.add(torch.tensor(loss, requires_grad=True) * 1)
     assert metrics.num_batches == 3
-    result = metrics.finish(_single)
+    result = reduce_one(metrics)
     assert result == {"loss": pytest.approx(2.5)} and type(result["loss"]) is float
     assert metrics.total_batches == 3
 
@@ -41,7 +41,7 @@ def test_dict_of_tensors_numbers_and_numpy() -> None:
                  "f": 0.25, "np0": np.array(2.0), "lr": torch.tensor(0.1, dtype=torch.bfloat16)})
     metrics.add({"loss": torch.tensor(3.0), "n": 4, "acc": np.float32(1.0), "hit": torch.tensor(False),
                  "f": 0.75, "np0": np.array(4), "lr": torch.tensor(0.1, dtype=torch.bfloat16)})
-    result = metrics.finish(_single)
+    result = reduce_one(metrics)
     assert result["loss"] == 2.0 and result["n"] == 3.5 and result["acc"] == 0.75
     assert result["hit"] == 0.5 and result["f"] == 0.5 and result["np0"] == 3.0
     assert result["lr"] == pytest.approx(0.1, rel=1e-2)
@@ -52,28 +52,28 @@ def test_mixed_kinds_for_one_key() -> None:
     metrics = TrainingMetrics()
     for value in (torch.tensor(1.0), 2.0, np.float64(3.0), np.array(6.0)):
         metrics.add({"x": value})
-    assert metrics.finish(_single) == {"x": 3.0}
+    assert reduce_one(metrics) == {"x": 3.0}
 
 
 def test_non_scalars_are_averaged_element_wise() -> None:
     metrics = TrainingMetrics()
     metrics.add({"m": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "v": np.array([1, 2, 3])})
     metrics.add({"m": torch.tensor([[3.0, 4.0], [5.0, 8.0]]), "v": np.array([3, 2, 1])})
-    assert metrics.finish(_single) == {"m": [[2.0, 3.0], [4.0, 6.0]], "v": [2.0, 2.0, 2.0]}
+    assert reduce_one(metrics) == {"m": [[2.0, 3.0], [4.0, 6.0]], "v": [2.0, 2.0, 2.0]}
 
 
 def test_large_non_scalars_are_folded_as_they_come() -> None:
     metrics = TrainingMetrics()
     for i in range(3):
         metrics.add({"big": torch.full((300, 300), float(i))})
-    assert np.allclose(metrics.finish(_single)["big"], 1.0)
+    assert np.allclose(reduce_one(metrics)["big"], 1.0)
 
 
 def test_many_batches_fold_and_stay_exact() -> None:
     metrics = TrainingMetrics()
     for i in range(2500):
         metrics.add({"i": torch.tensor(float(i)), "k": i})
-    assert metrics.finish(_single) == {"i": 1249.5, "k": 1249.5}
+    assert reduce_one(metrics) == {"i": 1249.5, "k": 1249.5}
 
 
 def test_two_ranks_weighted_by_batch_count() -> None:
@@ -92,21 +92,14 @@ def test_no_batches_anywhere_gives_no_metrics() -> None:
     assert _ranks([TrainingMetrics(), TrainingMetrics()]) == [{}, {}]
 
 
-def test_one_allgather_per_finish_and_reset() -> None:
+def test_one_allgather_per_reduction_and_reset() -> None:
     metrics = TrainingMetrics()
     metrics.add(torch.tensor(1.0))
-    calls: list[Any] = []
-
-    def allgather(x: Any) -> list[Any]:
-        calls.append(x)
-        return [x]
-
-    assert metrics.finish(allgather) == {"loss": 1.0}
-    assert len(calls) == 1
+    assert _ranks([metrics, TrainingMetrics()]) == [{"loss": 1.0}] * 2  # one allgather each, checked there
     metrics.reset()
     assert metrics.num_batches == 0
     metrics.add({"other": 2})  # new workload, new names
-    assert metrics.finish(_single) == {"other": 2.0}
+    assert reduce_one(metrics) == {"other": 2.0}
 
 
 def test_ranks_with_different_names_or_shapes() -> None:
@@ -144,7 +137,7 @@ def test_complex_tensor_is_rejected_at_the_boundary() -> None:
     metrics = TrainingMetrics()
     metrics.add({"z": torch.tensor(1 + 2j)})
     with pytest.raises(TypeError, match="'z' is a complex tensor"):
-        metrics.finish(_single)
+        reduce_one(metrics)
 
 
 # --- no host sync while adding -------------------------------------------------------------------
@@ -176,7 +169,7 @@ def test_add_performs_no_host_transfer() -> None:
 def test_add_then_finish_after_sync_guard() -> None:
     metrics = TrainingMetrics()
     metrics.add(torch.tensor(2.0))
-    assert metrics.finish(_single) == {"loss": 2.0}
+    assert reduce_one(metrics) == {"loss": 2.0}
 
 
 @pytest.mark.gpu
@@ -191,9 +184,9 @@ def test_cuda_add_never_synchronises() -> None:
             val.add({"loss": value.sum(), "vec": value}, 2 + i % 3)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert train.finish(_single)["vec"] == [549.5] * 3
+    assert reduce_one(train)["vec"] == [549.5] * 3
     expected = sum(i * (2 + i % 3) for i in range(1100)) / sum(2 + i % 3 for i in range(1100))
-    assert val.finish(_single)["vec"] == pytest.approx([expected] * 3)
+    assert reduce_one(val)["vec"] == pytest.approx([expected] * 3)
 
 
 # --- validation ----------------------------------------------------------------------------------
@@ -217,7 +210,7 @@ def test_validation_across_ranks_equals_single_process() -> None:
     single = ValidationMetrics(REDUCERS)
     for output, count in batches:
         single.add(output, count)
-    expected = single.finish(_single)
+    expected = reduce_one(single)
     records = [r for _, r in batches]
     assert expected["loss"] == pytest.approx(
         sum(float(o["loss"]) * r for o, r in batches) / sum(records))
@@ -244,14 +237,14 @@ def test_validation_non_scalar_element_wise() -> None:
         metrics.add({"v": torch.tensor([1.0, 3.0])}, 1)
         metrics.add({"v": torch.tensor([4.0, -1.0])}, 1)
         metrics.add({"v": np.array([3.0, 2.0])}, 2)
-        assert metrics.finish(_single) == {"v": pytest.approx(expected)}, reducer
+        assert reduce_one(metrics) == {"v": pytest.approx(expected)}, reducer
 
 
 def test_validation_integer_extremes_stay_integers() -> None:
     metrics = ValidationMetrics(Reducer.MAX)
     metrics.add({"t": torch.tensor(3), "p": 7}, 4)
     metrics.add({"t": torch.tensor(9), "p": 2}, 4)
-    result = metrics.finish(_single)
+    result = reduce_one(metrics)
     assert result == {"t": 9, "p": 7} and all(type(v) is int for v in result.values())
 
 
@@ -290,11 +283,54 @@ def test_zero_records_cannot_be_averaged() -> None:
     metrics = ValidationMetrics(Reducer.AVG)
     metrics.add({"x": 1.0}, 0)
     with pytest.raises(ValueError, match="every batch counted 0 records"):
-        metrics.finish(_single)
+        reduce_one(metrics)
 
 
 def test_zero_record_batch_does_not_move_the_average() -> None:
     metrics = ValidationMetrics(Reducer.AVG)
     metrics.add({"x": torch.tensor(2.0)}, 10)
     metrics.add({"x": torch.tensor(100.0)}, 0)
-    assert metrics.finish(_single) == {"x": 2.0}
+    assert reduce_one(metrics) == {"x": 2.0}
+
+
+# --- the adapters' cross-rank step: metrics, reducers and extras in one allgather ------------------
+
+def test_reduction_with_reducers_and_extras_is_one_allgather_per_rank() -> None:
+    sim = SimulatedRanks(2)
+    metrics = [TrainingMetrics(), TrainingMetrics()]
+    registries = [ReducerRegistry(), ReducerRegistry()]
+    for rank, (m, reg) in enumerate(zip(metrics, registries)):
+        m.add({"loss": torch.tensor(float(rank + 1))})
+        reg.wrap(sum, name="total").update(10 * (rank + 1))  # type: ignore[attr-defined]
+
+    def body(rank: int) -> Any:
+        return lambda dist: reduce_across_ranks(dist, metrics[rank], registries[rank], True, extra=f"rank {rank}")
+
+    results = sim.run([body(0), body(1)])
+    assert results == [({"loss": 1.5, "total": 30}, ["rank 0", "rank 1"])] * 2
+    assert sim.collectives == [1, 1]
+
+
+def test_ranks_that_do_not_report_are_left_out() -> None:
+    sim = SimulatedRanks(3)  # rank 1 is e.g. a pipeline stage whose MPU does not report metrics
+    metrics = [ValidationMetrics(Reducer.SUM) for _ in range(3)]
+    registries = [ReducerRegistry() for _ in range(3)]
+    for rank in range(3):
+        metrics[rank].add({"n": 1 + rank}, 2)
+        registries[rank].wrap(lambda values: sorted(values), name="seen").update(rank)  # type: ignore[attr-defined]
+
+    def body(rank: int) -> Any:
+        return lambda dist: reduce_across_ranks(dist, metrics[rank], registries[rank], False, reports=rank != 1)[0]
+
+    assert sim.run([body(r) for r in range(3)]) == [{"n": 4, "seen": [0, 2]}] * 3
+    assert metrics[1].total_records == 4 and sim.collectives == [1, 1, 1]
+
+
+def test_training_with_no_reporting_rank_gives_no_metrics() -> None:
+    sim = SimulatedRanks(2)
+    registries = [ReducerRegistry(), ReducerRegistry()]
+    for reg in registries:
+        reg.wrap(sum, name="total")
+    body = [lambda dist, reg=reg: reduce_across_ranks(dist, TrainingMetrics(), reg, True, reports=False)
+            for reg in registries]
+    assert sim.run(body) == [({}, [])] * 2  # the reducers are not asked to reduce nothing

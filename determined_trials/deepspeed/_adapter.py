@@ -23,7 +23,7 @@ from determined_trials.deepspeed._data import (
     validation_loader,
 )
 from determined_trials.deepspeed._trial import DeepSpeedTrial
-from determined_trials.loop import DataShape, HookRunner, TrialState
+from determined_trials.loop import DataShape, EpochCursor, HookRunner, TrialState, allgather, reduce_across_ranks
 from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
 from determined_trials.pytorch.data._loader import require_opt_out
 from determined_trials.pytorch.data._stream import TrainingStream
@@ -55,6 +55,7 @@ class DeepSpeedAdapter:
         self._epoch_len = 1
         self._validation: Any = None
         self._train_metrics = TrainingMetrics()
+        self._epochs = EpochCursor(hooks)
 
     # -- the adapter interface -----------------------------------------------------------------
 
@@ -77,7 +78,7 @@ class DeepSpeedAdapter:
         return DataShape(self._epoch_len, int(self._engine.train_batch_size()))
 
     def _agree_on_epoch_len(self, mine: int | None) -> int:
-        lengths = [n for n in self._allgather(mine) if n is not None]
+        lengths = [n for n in allgather(self._dist, mine) if n is not None]
         if not lengths:
             raise RuntimeError(
                 "no rank knows the epoch length: the training data loader has no len() (or no rank builds one); "
@@ -88,15 +89,14 @@ class DeepSpeedAdapter:
         return min(lengths)
 
     def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
-        context, trial, engine, hooks = self._context, self._trial, self._engine, self._hooks
+        context, trial, engine, epochs = self._context, self._trial, self._engine, self._epochs
         epoch_len, calls, stream = self._epoch_len, self._calls, self._stream
         add_metrics, reducers = self._train_metrics.add, context.reducers
         reports, profiler = self._mpu.should_report_metrics, context._profiler
         for _ in range(num_batches):
             batch_idx = state.batches_trained
             epoch_idx, in_epoch = divmod(batch_idx, epoch_len)
-            if in_epoch == 0:
-                hooks.call("on_training_epoch_start", epoch_idx)
+            epochs.enter(epoch_idx, in_epoch, state)
             context._set_position(batch_idx, epoch_len)
             steps, position = engine.global_steps, getattr(stream, "position", None)
             for _ in range(calls):
@@ -105,10 +105,7 @@ class DeepSpeedAdapter:
                     add_metrics(output)
             self._check_batch(batch_idx, engine.global_steps - steps, position)
             reducers.batch_end()
-            state.batches_trained += 1
-            if in_epoch + 1 == epoch_len:
-                hooks.call("on_training_epoch_end", epoch_idx)
-                state.epochs_trained += 1
+            epochs.advance(state, 1, in_epoch + 1 == epoch_len)
             if profiler is not None:
                 profiler.step()
             if should_stop():
@@ -139,12 +136,9 @@ class DeepSpeedAdapter:
         return self._context.get_stop_requested()
 
     def training_metrics(self) -> dict[str, Any]:
-        reducers, reports = self._context.reducers, self._mpu.should_report_metrics
-        payload = (self._train_metrics.summary(), reducers.per_slot(True)) if reports else None
-        gathered = [g for g in self._allgather(payload) if g is not None]
-        metrics = self._train_metrics.combine([g[0] for g in gathered])
-        if reducers.has_reducers(True) and gathered:
-            metrics.update(reducers.cross_slot(True, [g[1] for g in gathered]))
+        reducers = self._context.reducers
+        metrics = reduce_across_ranks(self._dist, self._train_metrics, reducers, True,
+                                      reports=self._mpu.should_report_metrics)[0]
         self._train_metrics.reset()
         reducers.reset(True)
         return metrics
@@ -186,7 +180,7 @@ class DeepSpeedAdapter:
         mine = batches_in(loader) if loader is not None else None
         if not self._context.use_pipeline_parallel:
             return mine
-        counts = [n for n in self._allgather(mine) if n is not None]
+        counts = [n for n in allgather(self._dist, mine) if n is not None]
         if not counts or min(counts) < self._gas:
             raise RuntimeError(
                 f"the validation loaders have {counts or 'no'} batches, fewer than gradient_accumulation_steps "
@@ -214,12 +208,4 @@ class DeepSpeedAdapter:
             batch_idx += 1
             if test_mode:
                 break
-        payload = (metrics.summary(), reducers.per_slot(False)) if reports else None
-        gathered = [g for g in self._allgather(payload) if g is not None]
-        result = metrics.combine([g[0] for g in gathered])
-        if reducers.has_reducers(False):
-            result.update(reducers.cross_slot(False, [g[1] for g in gathered]))
-        return result
-
-    def _allgather(self, payload: Any) -> list[Any]:
-        return self._dist.allgather(payload) if self._dist.get_size() > 1 else [payload]
+        return reduce_across_ranks(self._dist, metrics, reducers, False, reports=reports)[0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from determined_trials.keras._context import TFKerasTrialContext
 from determined_trials.keras._data import DataSource, make_source
 from determined_trials.keras._steps import CompiledSteps
 from determined_trials.keras._trial import TFKerasTrial
-from determined_trials.loop import DataShape, HookRunner, TrialState
+from determined_trials.loop import DataShape, EpochCursor, HookRunner, TrialState, allgather
 
 __all__ = ["KerasAdapter"]
 
@@ -40,7 +41,7 @@ class KerasAdapter:
             self.model = self._build_model()
         self.callbacks = KerasCallbacks(trial.keras_callbacks(), self.model)
         self._train = make_source(trial.build_training_data_loader(), context, what="build_training_data_loader()",
-                                  allgather=self._allgather)
+                                  allgather=partial(allgather, self._dist))
         self._steps = CompiledSteps(self.model, context.strategy)
         try:
             self._steps.build(self._train.sample())
@@ -50,7 +51,7 @@ class KerasAdapter:
                              ) from exc
         self._stream: Iterator[Any] | None = None
         self._validation: DataSource | None = None
-        self._epoch_open: int | None = None
+        self._epochs = EpochCursor(hooks, on_close=self._train.end_epoch)
         self.callbacks.epoch_logs = self._epoch_logs
         self._last_validation: dict[str, Any] = {}
 
@@ -85,26 +86,21 @@ class KerasAdapter:
 
     def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
         assert self._stream is not None, "start_training() first"
-        model, step, stream, cbs = self.model, self._steps.train, self._stream, self.callbacks
+        model, step, stream, cbs, epochs = self.model, self._steps.train, self._stream, self.callbacks, self._epochs
         epoch_len = self._train.epoch_len or 0
         batch_hooks = cbs.batch_hooks
         cbs.workload_begin(state.batches_trained, num_batches)
         for _ in range(num_batches):
             batch = next(stream)
             in_epoch = state.batches_trained % epoch_len if epoch_len else state.batches_trained
-            if epoch_len and in_epoch == 0:
-                self._epoch_open = state.batches_trained // epoch_len
-                self._hooks.call("on_training_epoch_start", self._epoch_open)
-            elif epoch_len and self._epoch_open is None:  # resumed mid-epoch: it was opened before the stop
-                self._epoch_open = state.batches_trained // epoch_len
+            if epoch_len:  # without a length there are no epochs
+                epochs.enter(state.batches_trained // epoch_len, in_epoch, state)
             if batch_hooks:
                 cbs.list.on_train_batch_begin(in_epoch)
             logs = step(batch)
             if batch_hooks:
                 cbs.list.on_train_batch_end(in_epoch, logs)
-            state.batches_trained += 1
-            if epoch_len and in_epoch + 1 == epoch_len:
-                self._close_epoch(state)
+            epochs.advance(state, 1, bool(epoch_len) and in_epoch + 1 == epoch_len)
             if model.stop_training:
                 self._context.set_stop_requested(True)
             if should_stop():
@@ -124,7 +120,7 @@ class KerasAdapter:
         if self._validation is None:
             data = self._trial.build_validation_data_loader()
             self._validation = make_source(data, self._context, what="build_validation_data_loader()",
-                                           allgather=self._allgather)
+                                           allgather=partial(allgather, self._dist))
         steps = 1 if test_mode else self._context.fit_settings.validation_steps
         cbs, test = self.callbacks, self._steps.test
         self.model.reset_metrics()
@@ -154,12 +150,6 @@ class KerasAdapter:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _close_epoch(self, state: TrialState) -> None:
-        self._hooks.call("on_training_epoch_end", self._epoch_open)
-        self._train.end_epoch()
-        state.epochs_trained += 1
-        self._epoch_open = None
-
     def _epoch_logs(self) -> dict[str, Any]:
         return {**_to_python(self.model.get_metrics_result()), **self._last_validation}
 
@@ -167,12 +157,9 @@ class KerasAdapter:
         """Each worker's metric results, averaged over the workers weighted by ``weight`` (records)."""
         if self._dist.get_size() == 1:
             return metrics
-        gathered = self._allgather((weight, metrics))
+        gathered = allgather(self._dist, (weight, metrics))
         total = sum(w for w, _ in gathered) or 1.0
         return {key: sum(w * m[key] for w, m in gathered) / total for key in metrics}
-
-    def _allgather(self, payload: Any) -> list[Any]:
-        return self._dist.allgather(payload) if self._dist.get_size() > 1 else [payload]
 
 
 def _to_python(logs: dict[str, Any]) -> dict[str, Any]:

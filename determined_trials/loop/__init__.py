@@ -1,5 +1,6 @@
-"""The framework-agnostic loop: units, schedule, trial state, hook order, controller, and the one ``fit``
-front every family's ``Trainer`` shares (``_fit``).
+"""The framework-agnostic loop: units, schedule, trial state, hook order, the epoch cursor and the
+cross-rank metric reduction the adapters call, controller, and the one ``fit`` front every family's
+``Trainer`` shares (``_fit``).
 
 Imports neither torch nor tensorflow; the PyTorch, DeepSpeed and Keras adapters run under it.
 
@@ -14,8 +15,10 @@ from determined_trials.loop._controller import (
     ExitReason,
     LoopSettings,
 )
+from determined_trials.loop._epochs import EpochCursor
 from determined_trials.loop._hooks import HookRunner
 from determined_trials.loop._progress import Progress, progress_enabled, summary_line
+from determined_trials.loop._ranks import allgather, reduce_across_ranks
 from determined_trials.loop._schedule import Boundary, Schedule
 from determined_trials.loop._state import TrialState
 from determined_trials.loop._units import (
@@ -36,6 +39,7 @@ __all__ = [
     "Controller",
     "DataShape",
     "Epoch",
+    "EpochCursor",
     "ExitReason",
     "HookRunner",
     "LoopSettings",
@@ -45,7 +49,9 @@ __all__ = [
     "TrainUnit",
     "TrialAdapter",
     "TrialState",
+    "allgather",
     "progress_enabled",
+    "reduce_across_ranks",
     "summary_line",
     "unit_from_length",
 ]

@@ -48,8 +48,10 @@ class TrialAdapter(Protocol):
         """Build the training data stream positioned after ``state.batches_trained`` batches."""
 
     def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
-        """Train up to ``num_batches`` batches, advancing ``state`` after each one and calling the
-        epoch hooks; stop early after a batch where ``should_stop()`` is True."""
+        """Train up to ``num_batches`` batches; stop early after a batch where ``should_stop()`` is True.
+
+        The adapter steps its ``EpochCursor`` (``loop/_epochs.py``) around the batches: the cursor, not
+        the adapter, opens and closes epochs, calls the epoch hooks and advances ``state``'s counts."""
 
     def stop_requested(self) -> bool:
         """Whether the trial asked to stop (``context.set_stop_requested(True)``)."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from determined_trials.loop import DataShape, HookRunner, TrialState
+from determined_trials.loop import DataShape, EpochCursor, HookRunner, TrialState, allgather, reduce_across_ranks
 from determined_trials.pytorch._batch_loop import CPU, BatchLoop, cpu_tensors
 from determined_trials.pytorch._callback import overrides_hook
 from determined_trials.pytorch._context import PyTorchTrialContext
@@ -48,7 +48,7 @@ class PyTorchAdapter(BatchLoop):
         self._dist = context.distributed
         self._stream: Any = None
         self._epoch_len: int | None = None
-        self._current_epoch: int | None = None
+        self._epochs = EpochCursor(hooks)
         self._validation_loader: Any = None
         self._train_metrics = TrainingMetrics()
         self._uses_evaluate_batch = type(trial).evaluate_batch is not PyTorchTrial.evaluate_batch
@@ -121,14 +121,10 @@ class PyTorchAdapter(BatchLoop):
                 self._train_metrics.reset()
                 return loss
         per_batch = None if kept is None else [{k: _to_python(v) for k, v in out.items()} for out in kept]
-        payload = (self._train_metrics.summary(), reducers.per_slot(True), per_batch)
-        gathered = self._allgather(payload)
-        metrics = self._train_metrics.combine([g[0] for g in gathered])
+        metrics, per_rank = reduce_across_ranks(self._dist, self._train_metrics, reducers, True, extra=per_batch)
         if kept is not None:
-            self._batch_metrics = _average_batches([g[2] for g in gathered])
+            self._batch_metrics = _average_batches(per_rank)
             kept.clear()
-        if reducers.has_reducers(True):
-            metrics.update(reducers.cross_slot(True, [g[1] for g in gathered]))
         self._train_metrics.reset()
         reducers.reset(True)
         return metrics
@@ -143,7 +139,7 @@ class PyTorchAdapter(BatchLoop):
                 if self._uses_evaluate_batch:
                     return self._evaluate_batches(test_mode)
                 metrics = self._evaluate_full_dataset()
-                metrics.update(self._context.reducers.reduce(False, self._allgather))
+                metrics.update(self._context.reduce_metrics(False))
                 return metrics
         finally:
             for model in models:
@@ -167,7 +163,7 @@ class PyTorchAdapter(BatchLoop):
 
         group = _dcp.checkpoint_group() if self._dist.get_size() > 1 else None
         return _dcp.start_sharded_save(path, self._trial, self._context, self._hooks, group,
-                                       lambda ok: all(self._allgather(ok)))
+                                       lambda ok: all(allgather(self._dist, ok)))
 
     @property
     def async_save(self) -> bool:
@@ -233,15 +229,11 @@ class PyTorchAdapter(BatchLoop):
             if test_mode:
                 break
         self._hooks.call("on_validation_epoch_end", outputs)
-        gathered = self._allgather((metrics.summary(), reducers.per_slot(False)))
-        result = metrics.combine([g[0] for g in gathered])
-        if reducers.has_reducers(False):
-            result.update(reducers.cross_slot(False, [g[1] for g in gathered]))
-        return result
+        return reduce_across_ranks(self._dist, metrics, reducers, False)[0]
 
     def _check_even_validation(self, loader: Any) -> None:
         """FSDP2: every forward is a collective, so every rank must evaluate as many batches."""
-        counts = self._allgather(len(loader) if hasattr(loader, "__len__") else None)
+        counts = allgather(self._dist, len(loader) if hasattr(loader, "__len__") else None)
         if len(set(counts)) > 1:
             raise ValueError(
                 f"FSDP2 trial: the ranks' validation loaders hold {counts} batches; every forward pass of a sharded "
@@ -280,9 +272,6 @@ class PyTorchAdapter(BatchLoop):
         return self._validation_loader
 
     # -- helpers -------------------------------------------------------------------------------
-
-    def _allgather(self, payload: Any) -> list[Any]:
-        return self._dist.allgather(payload) if self._dist.get_size() > 1 else [payload]
 
     def _check_wrapped(self) -> None:
         if not self._context.models:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from determined_trials.loop import HookRunner, TrialState
+from determined_trials.loop import EpochCursor, TrialState
 from determined_trials.pytorch._metrics import TrainingMetrics
 from determined_trials.pytorch.data._stream import TrainingStream
 
@@ -22,14 +22,13 @@ CPU = torch.device("cpu")
 
 
 class BatchLoop:
-    """Mixin of the PyTorch adapter: ``train`` and the epoch hooks around it."""
+    """Mixin of the PyTorch adapter: ``train``, stepping the epoch cursor (which calls the epoch hooks)."""
 
     _trial: PyTorchTrial
     _context: PyTorchTrialContext
-    _hooks: HookRunner
+    _epochs: EpochCursor
     _stream: Any
     _epoch_len: int | None
-    _current_epoch: int | None
     _train_metrics: TrainingMetrics
     _kept_batches: list[Any] | None
     _after_first_batch: Callable[[], None] | None  # run once, after this process's first batch
@@ -64,15 +63,12 @@ class BatchLoop:
         keep the loss on the device, the stop check. The rest (LR schedulers, function reducers, the AMP
         scaler, gradient aggregation, the profiler, kept outputs) runs only when the trial uses it.
         """
-        context, stream, metrics = self._context, self._stream, self._train_metrics
+        context, stream, metrics, epochs = self._context, self._stream, self._train_metrics, self._epochs
         epoch_len = self._epoch_len
         assert epoch_len
         first = state.batches_trained
         epoch_idx, in_epoch = divmod(first, epoch_len)
-        if in_epoch == 0:
-            self._open_epoch(epoch_idx, state)
-        elif self._current_epoch is None:  # resumed mid-epoch: it was opened before the stop
-            self._current_epoch = epoch_idx
+        epochs.enter(epoch_idx, in_epoch, state)
         count = min(limit, epoch_len - in_epoch)
         sink = metrics.loss_sink() if self._kept_batches is None else None
         losses = None if sink is None else sink[0]
@@ -116,11 +112,11 @@ class BatchLoop:
                     break
         finally:
             stream.advance(trained)
-            state.batches_trained += trained
+            epochs.advance(state, trained)
             if kept:
                 metrics.count_losses(kept)
         if first + trained - 1 == last_of_epoch:
-            self._close_epoch(state)
+            epochs.close(state)
         return trained, stopped
 
     def _needs_per_batch_steps(self) -> bool:
@@ -141,17 +137,14 @@ class BatchLoop:
 
     def _train_raw_loader(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
         """``train`` over a raw loader's stream, one batch at a time (its passes decide the epochs)."""
-        context, trial, stream = self._context, self._trial, self._stream
+        context, trial, stream, epochs = self._context, self._trial, self._stream, self._epochs
         epoch_len = self._epoch_len or 0
         add_metrics = self._add_and_keep if self._kept_batches is not None else self._train_metrics.add
         to_device = context.to_device if context.experimental._auto_to_device else None
         for _ in range(num_batches):
             batch = next(stream)
             batch_idx, epoch_idx, in_epoch = state.batches_trained, stream.epoch_idx, stream.batch_in_epoch
-            if in_epoch == 0:
-                self._open_epoch(epoch_idx, state)
-            elif self._current_epoch is None:  # resumed mid-epoch: it was opened before the stop
-                self._current_epoch = epoch_idx
+            epochs.enter(epoch_idx, in_epoch, state)  # a shorter pass is closed when the next begins
             if epoch_len:
                 context._start_known_batch(batch_idx, epoch_len)
             else:
@@ -161,23 +154,9 @@ class BatchLoop:
             add_metrics(trial.train_batch(batch, epoch_idx, batch_idx))
             epoch_ended = in_epoch + 1 == epoch_len
             self._finish_batch(batch_idx, epoch_idx, epoch_ended)
-            state.batches_trained += 1
-            if epoch_ended:
-                self._close_epoch(state)
+            epochs.advance(state, 1, epoch_ended)
             if should_stop():
                 break
-
-    def _open_epoch(self, epoch_idx: int, state: TrialState) -> None:
-        """Start an epoch; a raw loader's shorter-than-len pass is closed here, when the next begins."""
-        if self._current_epoch is not None:
-            self._close_epoch(state)
-        self._current_epoch = epoch_idx
-        self._hooks.call("on_training_epoch_start", epoch_idx)
-
-    def _close_epoch(self, state: TrialState) -> None:
-        epoch_idx, self._current_epoch = self._current_epoch, None
-        self._hooks.call("on_training_epoch_end", epoch_idx)
-        state.epochs_trained += 1
 
     def _add_and_keep(self, output: Any) -> None:
         self._train_metrics.add(output)

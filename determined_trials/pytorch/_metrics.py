@@ -1,9 +1,10 @@
 """Training and validation metric accumulation: values stay on the device during a workload and
-cross to the host once, at the boundary, then across ranks with one allgather."""
+cross to the host once, at the boundary (``summary``), then across ranks with one allgather
+(``loop.reduce_across_ranks``, which ``combine``s every rank's summary)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -12,8 +13,6 @@ import torch
 from determined_trials.pytorch._reducer import Reducer
 
 __all__ = ["TrainingMetrics", "ValidationMetrics"]
-
-Allgather = Callable[[Any], list[Any]]
 
 # Pending device values are folded into the running result once this many elements are waiting
 # (and at most every _MAX_PENDING batches), which bounds memory without a kernel per batch.
@@ -256,10 +255,6 @@ class _Metrics:
             metrics[key] = result.reshape(()).item() if result.size == 1 else result.tolist()
         return metrics
 
-    def finish(self, allgather: Allgather) -> dict[str, Any]:
-        """Reduce over batches and ranks: one host transfer, then ONE ``allgather``."""
-        return self.combine(allgather(self.summary()))
-
 
 def _check_same_keys(rank_a: int, a: _Summary, rank_b: int, b: _Summary) -> None:
     if a.keys.keys() != b.keys.keys():
@@ -280,7 +275,7 @@ class TrainingMetrics(_Metrics):
 
     ``train_batch`` returns a tensor (reported as ``loss``) or a dict of tensors, numpy arrays or
     Python numbers with the same names in every batch. Tensors stay on their device (detached,
-    never synchronised) until ``finish``; Python numbers are summed in Python. The result is the
+    never synchronised) until ``summary``; Python numbers are summed in Python. The result is the
     mean over every batch of every rank (ranks weighted by their batch counts). A non-scalar
     metric is averaged element-wise and reported as a nested list of the same shape (a one-element
     one as a number), so its shape must not change within a workload.
@@ -371,7 +366,7 @@ class ValidationMetrics(_Metrics):
 
     @property
     def total_records(self) -> int:
-        """Records over every rank, known after ``combine``/``finish``."""
+        """Records over every rank, known after ``combine``."""
         return self._total_records
 
     def reset(self) -> None:

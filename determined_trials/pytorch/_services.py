@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from determined_trials.loop import allgather
 from determined_trials.pytorch._reducer import MetricReducer, ReducerRegistry
 from determined_trials.pytorch._tensorboard import make_profiler, make_summary_writer
 from determined_trials.pytorch.device._device import to_device
@@ -71,17 +73,13 @@ class TrialServices:
     def reduce_metrics(self, for_training: bool) -> dict[str, Any]:
         """The metrics of the reducers wrapped for training (True) or validation (False), reduced across
         every process with one allgather; call it on every process."""
-        return self.reducers.reduce(for_training, self._allgather)
+        return self.reducers.reduce(for_training, partial(allgather, self.distributed))
 
     def run_cross_slot_reduction(self, reducables: list[Any], per_slot_metrics: list[list[Any]]) -> dict[str, Any]:
         """The metrics of ``reducables`` (reducers ``wrap_reducer`` returned) from every process's
         ``per_slot_reduce()`` results, ``per_slot_metrics[process][i]`` being ``reducables[i]``'s (e.g.
         gathered on the chief), named as they were wrapped."""
         return self.reducers.cross_slot_of(reducables, per_slot_metrics)
-
-    def _allgather(self, payload: Any) -> list[Any]:
-        dist = self.distributed
-        return dist.allgather(payload) if dist.get_size() > 1 else [payload]
 
     def get_enable_tensorboard_logging(self) -> bool:
         """Whether the trainer writes reported metrics to TensorBoard."""
