@@ -12,10 +12,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from _group_run import run_in_group
+from helpers_group_run import run_in_group
+from helpers_paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "instructions.py"
+SCRIPT = REPO / "benchmarks" / "instructions.py"
 
 
 def _load() -> ModuleType:
@@ -46,14 +46,14 @@ def test_totals_of_an_unfinished_file_is_an_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", ["raw", "trial"])
 def test_child_runs_the_measured_part_without_valgrind(mode: str) -> None:
     proc = run_in_group([sys.executable, str(SCRIPT), "--child", mode, "--batches", "20", "--period", "10",
-                         "--report", "5"], timeout=600, cwd=ROOT)
+                         "--report", "5"], timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.timeout(660)
 def test_without_valgrind_it_says_how_to_get_it(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": str(tmp_path)}  # an empty folder: no valgrind on PATH
-    proc = run_in_group([sys.executable, str(SCRIPT), "--batches", "5"], timeout=600, cwd=ROOT, env=env)
+    proc = run_in_group([sys.executable, str(SCRIPT), "--batches", "5"], timeout=600, cwd=REPO, env=env)
     assert proc.returncode != 0
     assert "valgrind is not on PATH" in proc.stderr and "apt-get install valgrind" in proc.stderr
 
@@ -67,7 +67,7 @@ PER_MODE_S = 1500  # one callgrind run (torch's import under valgrind dominates)
 def test_counts_the_instructions_of_both_modes_under_callgrind() -> None:
     """End to end with ``--no-sim`` (the cache simulation makes a run ~5 min even for 10 batches)."""
     proc = run_in_group([sys.executable, str(SCRIPT), "--batches", "10", "--period", "5", "--report", "5",
-                         "--no-sim", "--timeout", str(PER_MODE_S)], timeout=2 * PER_MODE_S + 240, cwd=ROOT)
+                         "--no-sim", "--timeout", str(PER_MODE_S)], timeout=2 * PER_MODE_S + 240, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = re.search(r"^Ir\s+([\d,]+)\s+([\d,]+)\s+(\d+\.\d+)x", proc.stdout, re.MULTILINE)
     assert row is not None, proc.stdout

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 import pytest
-from _group_run import run_in_group
+from helpers_group_run import run_in_group
+from helpers_paths import REPO
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 # Timeouts: what a loaded machine (load 10 on 2 cores) needs; each benchmark runs in a process group of
@@ -22,8 +21,8 @@ QUICK_S = 900  # one --quick benchmark: 8 (overhead) or a few child processes th
 @pytest.mark.slow
 @pytest.mark.timeout(QUICK_S + 60)
 def test_overhead_benchmark_quick_run_prints_the_ratios() -> None:
-    proc = run_in_group([sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--quick"], timeout=QUICK_S,
-                        cwd=ROOT)
+    proc = run_in_group([sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--quick"], timeout=QUICK_S,
+                        cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     for mode in ("raw", "trial", "raw-ckpt", "trial-ckpt"):
@@ -44,8 +43,8 @@ def test_async_checkpoint_and_resume_benchmarks_quick_runs_print_their_summaries
                                 r"last checkpoint of fit: \d+\.\d+ ms, \d+\.\d+ of torch.save \+ fsync"),
         ("resume_cost.py", r"^resume into 100000 shuffled records, 2 rounds, medians: .*records read to skip: 0$"),
     ):
-        proc = run_in_group([sys.executable, str(ROOT / "benchmarks" / script), "--quick"], timeout=QUICK_S,
-                            cwd=ROOT)
+        proc = run_in_group([sys.executable, str(REPO / "benchmarks" / script), "--quick"], timeout=QUICK_S,
+                            cwd=REPO)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert re.search(pattern, proc.stdout, re.MULTILINE), proc.stdout
 
@@ -53,8 +52,8 @@ def test_async_checkpoint_and_resume_benchmarks_quick_runs_print_their_summaries
 @pytest.mark.slow
 @pytest.mark.timeout(QUICK_S + 60)
 def test_fsdp_benchmark_quick_run_prints_its_ratios() -> None:
-    proc = run_in_group([sys.executable, str(ROOT / "benchmarks" / "fsdp.py"), "--quick", "--timeout", str(QUICK_S)],
-                        timeout=QUICK_S, cwd=ROOT)
+    proc = run_in_group([sys.executable, str(REPO / "benchmarks" / "fsdp.py"), "--quick", "--timeout", str(QUICK_S)],
+                        timeout=QUICK_S, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert re.search(r"^held / synchronous dcp.save \(median of per-round ratios\): \d+\.\d+$", proc.stdout,
                      re.MULTILINE), proc.stdout

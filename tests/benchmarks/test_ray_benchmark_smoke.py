@@ -6,11 +6,9 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers_paths import REPO
 
 pytest.importorskip("ray")
 
@@ -18,8 +16,8 @@ pytest.importorskip("ray")
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_ray_benchmark_quick_run_prints_the_ratios() -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ray_executor.py"), "--quick"],
-                          capture_output=True, text=True, timeout=360, cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ray_executor.py"), "--quick"],
+                          capture_output=True, text=True, timeout=360, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert re.search(r"^round 1: submit->first batch local \d+ ms, ray \d+ ms", out, re.MULTILINE), out

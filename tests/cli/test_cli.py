@@ -15,7 +15,7 @@ import pytest
 
 import determined_trials
 from determined_trials.cli.main import main
-from determined_trials.core.store._local import LocalStore
+from determined_trials.core import LocalStore
 
 _CONFIG = {
     "name": "digits",

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _experiment_helpers import create, make_context, start_runner
+from helpers_experiment import create, make_context, start_runner
 
 from determined_trials import __version__
 from determined_trials.cli.main import main

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from helpers_paths import REPO
 
-from determined_trials.config import ExperimentConfig
+from determined_trials.config import AdaptiveASHASearcher, ExperimentConfig
 from determined_trials.config._reference import render_reference
-from determined_trials.config._searcher import AdaptiveASHASearcher
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "config-reference.md"
+DOC = REPO / "docs" / "config-reference.md"
 
 
 def test_the_committed_reference_is_up_to_date() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _ckpt_helpers import Recorder, failure, make_tree, read_tree, start_worker
+from helpers_ckpt import Recorder, failure, make_tree, read_tree, start_worker
 
-from determined_trials.core._checkpoint import CheckpointContext, DownloadMode
+from determined_trials.core import CheckpointContext, DownloadMode
 from determined_trials.core._distributed import dummy_distributed
 from determined_trials.core.storage import (
     CheckpointNotFoundError,

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import determined_trials as det
-from determined_trials._info import CLUSTER_INFO_ENV, ClusterInfo, TrialInfo
+from determined_trials import ClusterInfo, TrialInfo
+from determined_trials._info import CLUSTER_INFO_ENV
 
 CONFIG = {
     "name": "unit",

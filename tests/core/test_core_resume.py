@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers_paths import REPO
 
 import determined_trials as det
 
-REPO = Path(__file__).resolve().parent.parent
 CONFIG = {
     "name": "core-resume",
     "hyperparameters": {"lr": 0.1},

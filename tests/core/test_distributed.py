@@ -14,13 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-import _dist_ranks as ranks
 import psutil
 import pytest
+import ranks_distributed as ranks
 import zmq
 
-from determined_trials.core import _distributed
-from determined_trials.core._distributed import DistributedContext, dummy_distributed
+from determined_trials.core import DistributedContext, _distributed
+from determined_trials.core._distributed import dummy_distributed
 from determined_trials.core.transport import _addresses
 from determined_trials.core.transport._chief import ChiefEnd
 from determined_trials.core.transport._common import StarSpec

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
-from pytorch_trials import ScriptedValidationTrial, config, fit
+from trials_pytorch import ScriptedValidationTrial, config, fit
 
 import determined_trials as det
 from determined_trials import pytorch

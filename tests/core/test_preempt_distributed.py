@@ -11,10 +11,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers_paths import SUPPORT
 
 import determined_trials as det
 
-WORKER = Path(__file__).with_name("_preempt_worker.py")
+WORKER = SUPPORT / "worker_preempt.py"
 
 
 def _start_ranks(size: int, run_dir: Path) -> list[subprocess.Popen[str]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_trials import LinearTrial, config
+from trials_pytorch import LinearTrial, config
 
 import determined_trials as det
 from determined_trials import pytorch

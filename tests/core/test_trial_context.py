@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from determined_trials._trial_context import TrialContext
+from determined_trials import TrialContext
 from determined_trials.config import load_config
 from determined_trials.errors import ConfigError
 

@@ -1,5 +1,5 @@
 """DeepSpeedTrial with 2 real ranks (gloo on 127.0.0.1, ``torch_adam``, no JIT builds), one launch of
-tests/_deepspeed_worker.py through the torch_distributed launcher running every scenario in a row:
+tests/support/worker_deepspeed.py through the torch_distributed launcher running every scenario in a row:
 ZeRO 0 / 1 / 2 and gradient accumulation against a plain PyTorch loop, exact mid-epoch resume after a
 stop request (ZeRO 0) and after SIGTERM (ZeRO 2), and a 2-stage pipeline.
 
@@ -14,16 +14,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from deepspeed_trials import VALIDATION_RECORDS, plain_loop
+from helpers_paths import SUPPORT
+from trials_deepspeed import VALIDATION_RECORDS, plain_loop
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
-HERE = Path(__file__).resolve().parent
 ATOL, RTOL = 1e-6, 1e-5
 LENGTH = 10
 
@@ -50,10 +49,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
     config.write_text("resources: {slots_per_trial: 2}\nsearcher: {name: single, metric: val_loss, "
                       "max_length: {batches: 1}}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]), DET_DEEPSPEED_SHM_COMM="0")
+    env.update(PYTHONPATH=os.pathsep.join([str(SUPPORT), env.get("PYTHONPATH", "")]), DET_DEEPSPEED_SHM_COMM="0")
     proc = subprocess.run(
         [sys.executable, "-m", "determined_trials.launch.torch_distributed", "--config", str(config), "--",
-         str(HERE / "_deepspeed_worker.py"), str(plan)],
+         str(SUPPORT / "worker_deepspeed.py"), str(plan)],
         env=env, cwd=tmp, capture_output=True, text=True, timeout=280,
     )
     # 75: the launcher saw the preemption of scenario z2_sigterm (the later scenarios ran on)

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _experiment_helpers import create
+from helpers_experiment import create
+from helpers_paths import REPO
 
 from determined_trials.core import LocalStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "deepspeed_digits"
+EXAMPLE = REPO / "examples" / "deepspeed_digits"
 
 
 def test_the_deepspeed_example_runs_as_an_experiment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

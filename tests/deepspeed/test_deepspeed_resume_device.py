@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_paths import SUPPORT
 
-HERE = Path(__file__).resolve().parent
-WORKER = HERE / "_deepspeed_resume_worker.py"
+WORKER = SUPPORT / "worker_deepspeed_resume.py"
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 TIMEOUT_S = 900  # DeepSpeed's import and three fits; generous for a loaded machine
 
@@ -24,7 +24,7 @@ TIMEOUT_S = 900  # DeepSpeed's import and three fits; generous for a loaded mach
     pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu, NEEDS_CUDA]),
 ])
 def test_zero2_bf16_resume_is_bitwise_and_the_export_equals_the_engine(tmp_path: Path, device: str) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]),
            "DET_DEEPSPEED_SHM_COMM": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     if device == "cpu":
         env.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")

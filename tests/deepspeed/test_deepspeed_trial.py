@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from deepspeed_trials import DSTrial, TorchTwin, config, ds_config, make_model, weights
+from trials_deepspeed import DSTrial, TorchTwin, config, ds_config, make_model, weights
 
 import determined_trials as det
 from determined_trials import deepspeed as det_ds
@@ -207,11 +207,11 @@ def test_context_errors() -> None:
 
 
 def test_the_harness_takes_a_deepspeed_trial_and_names_what_an_incomplete_one_lacks(tmp_path: Path) -> None:
-    from determined_trials.launch._trial_spec import TrialSpecError
+    from determined_trials.launch import TrialSpecError
     from determined_trials.launch.harness import load_pytorch_trial as load_trial  # any family of the harness
 
     (tmp_path / "ds_spec_a.py").write_text(
-        "from deepspeed_trials import DSTrial\nfrom determined_trials import deepspeed as det_ds\n\n"
+        "from trials_deepspeed import DSTrial\nfrom determined_trials import deepspeed as det_ds\n\n"
         "class Mine(DSTrial):\n    pass\n\n"
         "class Incomplete(det_ds.DeepSpeedTrial):\n    def __init__(self, context):\n        pass\n"
     )

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_trials import LINEAR_XS, LinearTrial, config, fit
+from helpers_paths import REPO
 from torch import nn
+from trials_pytorch import LINEAR_XS, LinearTrial, config, fit
 
 from determined_trials import pytorch
 from determined_trials.pytorch import Batch
@@ -202,7 +203,7 @@ def test_every_det_trials_command_on_the_page_exists(capsys: pytest.CaptureFixtu
 
     from determined_trials.cli.main import main
 
-    page = (Path(__file__).parents[1] / "docs" / "coming-from-determined.md").read_text()
+    page = (REPO / "docs" / "coming-from-determined.md").read_text()
     commands = set(re.findall(r"`det-trials ([a-z]+)(?: ([a-z]+))?", page))
     assert {("experiment", "create"), ("experiment", "continue"), ("trial", "logs"), ("checkpoint", "export"),
             ("tensorboard", "")} <= commands
@@ -224,7 +225,7 @@ def test_a_det_command_maps_to_the_det_trials_command_of_the_same_name_where_the
 
     parser = build_parser()
     groups = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    page = (Path(__file__).parents[1] / "docs" / "coming-from-determined.md").read_text()
+    page = (REPO / "docs" / "coming-from-determined.md").read_text()
     for row in page.splitlines():
         cells = row.split("|")
         if len(cells) < 4 or "--" in cells[1]:  # a variant (`create --test`) maps to something else

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-from _det038_checkpoint import FULL_038_CONFIG, TRIAL_SPEC, tiny_model, write_038_checkpoint
-from pytorch_trials import config, fit
+from helpers_det038_checkpoint import FULL_038_CONFIG, TRIAL_SPEC, tiny_model, write_038_checkpoint
+from trials_pytorch import config, fit
 
 from determined_trials import pytorch
 from determined_trials.pytorch import Batch

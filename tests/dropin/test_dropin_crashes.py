@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from pytorch_trials import LinearTrial, config, fit
 from torch import nn
+from trials_pytorch import LinearTrial, config, fit
 
 import determined_trials as det
 from determined_trials import pytorch

@@ -9,7 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from _experiment_helpers import create
+from helpers_experiment import create
+from helpers_paths import SUPPORT
 
 import determined_trials as det
 from determined_trials import pytorch
@@ -17,7 +18,7 @@ from determined_trials.core import LocalStore
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
 
-TUTORIALS = Path(__file__).parent / "det_tutorials"
+TUTORIALS = SUPPORT / "det_tutorials"
 MNIST = TUTORIALS / "mnist_pytorch"
 
 

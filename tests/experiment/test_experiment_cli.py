@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _experiment_helpers import create, make_context
+from helpers_experiment import create, make_context
 
 from determined_trials.cli._tensorboard import tensorboard_command
 from determined_trials.cli.main import main

@@ -13,7 +13,7 @@ from typing import Any
 
 import psutil
 import pytest
-from _experiment_helpers import make_context, start_runner
+from helpers_experiment import make_context, start_runner
 
 from determined_trials.cli.main import main
 from determined_trials.config import load_config

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _experiment_helpers import create, final_states, make_context
+from helpers_experiment import create, final_states, make_context
 
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _experiment_helpers import create, make_context
+from helpers_experiment import create, make_context
 
 from determined_trials.core import LocalStore
-from determined_trials.experiment import create_experiment
-from determined_trials.experiment._errors import ExperimentError
+from determined_trials.experiment import ExperimentError, create_experiment
 from determined_trials.experiment._preflight import check_command, trial_spec_of
 
 TRIAL_FILE = '''

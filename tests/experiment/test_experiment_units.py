@@ -218,7 +218,7 @@ class _Executor:
 @pytest.mark.parametrize("paused_first", [False, True])
 def test_a_runner_whose_experiment_was_killed_ends_canceled_not_paused(tmp_path: Path, paused_first: bool) -> None:
     from determined_trials.config import load_config
-    from determined_trials.experiment._runner import ExperimentRunner
+    from determined_trials.experiment import ExperimentRunner
     from determined_trials.searcher import make_searcher
 
     config = load_config({"entrypoint": "python3 x.py", "searcher": {"name": "single", "metric": "loss",

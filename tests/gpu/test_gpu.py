@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 import torch
-from _group_run import run_in_group
-from pytorch_trials import ResumeTrial, config, fit
+from helpers_group_run import run_in_group
+from helpers_paths import REPO
+from trials_pytorch import ResumeTrial, config, fit
 
 from determined_trials import pytorch
 from determined_trials.pytorch import Batch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-ROOT = Path(__file__).resolve().parents[1]
 BENCHMARK_S = 600  # one --quick benchmark on the GPU: a few child processes that each import torch
 RUN = 5  # batches between two boundaries (6 batches per epoch: runs cross an epoch's end)
 FIT: dict[str, Any] = {"max_length": Batch(3 * RUN), "validation_period": Batch(RUN), "reporting_period": Batch(RUN)}
@@ -125,7 +125,7 @@ def test_the_benchmarks_run_on_cuda_and_print_their_figures() -> None:
         ("overhead.py", r"^cuda, launch-bound .*\n(.*\n)*overhead ratio \(no ckpt\): \d+\.\d+x"),
         ("async_checkpoint.py", r"^NVIDIA.*: model \+ sgd state \d+ MB(.*\n)*last checkpoint of fit: \d+\.\d+ ms"),
     ):
-        proc = run_in_group([sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--device", "cuda"],
-                            timeout=BENCHMARK_S, cwd=ROOT)
+        proc = run_in_group([sys.executable, str(REPO / "benchmarks" / script), "--quick", "--device", "cuda"],
+                            timeout=BENCHMARK_S, cwd=REPO)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert re.search(pattern, proc.stdout, re.MULTILINE), proc.stdout

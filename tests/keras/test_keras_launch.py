@@ -8,33 +8,24 @@ from __future__ import annotations
 import shutil
 import signal
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tests.test_launch_torch_distributed import Launch
+from helpers_launch import Launch, launches_fixture  # noqa: F401 (the launches fixture)
+from helpers_paths import REPO, SUPPORT
 
 h5py = pytest.importorskip("h5py")
 pytestmark = pytest.mark.slow
 
-TRIALS = Path(__file__).with_name("keras_trials.py")
-
-
-@pytest.fixture
-def launches() -> Iterator[list[Launch]]:
-    started: list[Launch] = []
-    yield started
-    for launch in started:
-        launch.kill()
+TRIALS = SUPPORT / "trials_keras.py"
 
 
 @pytest.fixture
 def code_dir(tmp_path: Path) -> Path:
     code = tmp_path / "code"
     code.mkdir()
-    shutil.copy(TRIALS, code / "keras_trials.py")
+    shutil.copy(TRIALS, code / "trials_keras.py")
     return code
 
 
@@ -76,7 +67,7 @@ def test_two_workers_equal_one_worker_on_the_same_global_batch(launches: list[La
     for slots in (1, 2):
         config = _config(tmp_path, f"c{slots}.yaml", slots, 9)
         _completed(_run(launches, code_dir, tmp_path / f"run{slots}",
-                        ["--config", str(config), "--trial", "keras_trials.py:MLPTrial"]))
+                        ["--config", str(config), "--trial", "trials_keras.py:MLPTrial"]))
     one, two = _final_state(tmp_path / "run1"), _final_state(tmp_path / "run2")
     assert sorted(one) == sorted(two) and len(one) > 4
     for name in one:  # the same arithmetic up to the order of float sums in the all-reduce
@@ -86,9 +77,9 @@ def test_two_workers_equal_one_worker_on_the_same_global_batch(launches: list[La
 def test_sigterm_then_resume_is_bitwise_exact(launches: list[Launch], code_dir: Path, tmp_path: Path) -> None:
     whole = _config(tmp_path, "whole.yaml", 1, 9)
     _completed(_run(launches, code_dir, tmp_path / "whole", ["--config", str(whole), "--trial",
-                                                             "keras_trials.py:MLPTrial"]))
+                                                             "trials_keras.py:MLPTrial"]))
     slow = _config(tmp_path, "slow.yaml", 1, 9, sleep=0.3)
-    args = ["--config", str(slow), "--trial", "keras_trials.py:MLPTrial"]
+    args = ["--config", str(slow), "--trial", "trials_keras.py:MLPTrial"]
     first = _run(launches, code_dir, tmp_path / "parts", args)
     first.wait_for(r"rank 0 trained a batch", timeout=180)
     first.proc.send_signal(signal.SIGTERM)
@@ -106,7 +97,7 @@ def test_a_failing_worker_ends_the_job_within_seconds(launches: list[Launch], co
                                                       tmp_path: Path) -> None:
     config = _config(tmp_path, "fail.yaml", 2, 50, fail_rank=1, fail_at=2, sleep=0.1)
     launch = _run(launches, code_dir, tmp_path / "run", ["--config", str(config), "--trial",
-                                                          "keras_trials.py:MLPTrial"])
+                                                          "trials_keras.py:MLPTrial"])
     failed_at = launch.wait_for(r"boom on rank 1", timeout=240)
     returncode, ended = launch.finish(timeout=120)
     assert returncode != 0
@@ -124,7 +115,7 @@ def test_torch_distributed_hands_a_multi_slot_keras_trial_to_the_tensorflow_laun
 ) -> None:
     config = _config(tmp_path, "c.yaml", 2, 2)
     launch = _run(launches, code_dir, tmp_path / "run", ["--config", str(config), "--", "--trial",
-                                                          "keras_trials.py:MLPTrial"], launcher="torch_distributed")
+                                                          "trials_keras.py:MLPTrial"], launcher="torch_distributed")
     _completed(launch, timeout=HAND_OVER_S)
     assert "MultiWorkerMirroredStrategy" in launch.output  # TensorFlow's own INFO line, from the chief
     # Ranks other than the chief log warnings only; each says once that it started, with its strategy.
@@ -141,7 +132,7 @@ def test_iris_example_runs_through_experiment_create(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    example = Path(__file__).resolve().parents[1] / "examples" / "iris_keras"
+    example = REPO / "examples" / "iris_keras"
     config = tmp_path / "short.yaml"
     config.write_text((example / "const.yaml").read_text().replace("epochs: 30", "epochs: 2"))
     cmd = [sys.executable, "-m", "determined_trials.cli.main", "--run-dir", str(tmp_path / "run"), "experiment",

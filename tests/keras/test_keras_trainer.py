@@ -12,10 +12,11 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
+from trials_keras import MLPTrial, OneVarTrial  # noqa: E402
+
 from determined_trials import keras as det_keras  # noqa: E402
 from determined_trials.errors import ConfigError  # noqa: E402
 from determined_trials.loop import ExitReason  # noqa: E402
-from tests.keras_trials import MLPTrial, OneVarTrial  # noqa: E402
 
 keras = det_keras.callbacks.keras
 
@@ -227,7 +228,7 @@ def test_session_config_is_ignored_with_one_warning(tmp_path: Path) -> None:
 
 
 def _plain_fit(core_context: Any, epochs: int, checkpoint: str | None, continue_id: str) -> tuple[Any, list[int]]:
-    from tests.keras_trials import blobs
+    from trials_keras import blobs
 
     keras.utils.set_random_seed(3)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)])

@@ -12,20 +12,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from deepspeed_trials import make_model, plain_loop
-from test_launch_torch_distributed import BATCH_LINE, Launch, _assert_nothing_left, launches  # noqa: F401
+from helpers_launch import Launch, assert_nothing_left, launches_fixture  # noqa: F401 (the launches fixture)
+from helpers_paths import SUPPORT
+from trials_deepspeed import make_model, plain_loop
 
 import determined_trials as det
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
-HERE = Path(__file__).resolve().parent
 LENGTH = 12
 TRIAL = '''
 import json
 import time
 
-from deepspeed_trials import DSTrial, weights
+from trials_deepspeed import DSTrial, weights
 
 
 class LaunchedTrial(DSTrial):
@@ -63,13 +63,13 @@ def code_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     code = tmp_path / "code"
     code.mkdir()
     (code / "ds_launched.py").write_text(TRIAL)
-    monkeypatch.setenv("PYTHONPATH", f"{HERE}:{Path(det.__file__).parent.parent}")  # deepspeed_trials (which
+    monkeypatch.setenv("PYTHONPATH", f"{SUPPORT}:{Path(det.__file__).parent.parent}")  # trials_deepspeed (which
     # also sets DET_DEEPSPEED_SHM_COMM=0: Launch drops the DET_* variables of this process)
     return code
 
 
 def test_sigterm_preempts_a_zero1_run_and_it_resumes_on_two_ranks(
-    tmp_path: Path, code_dir: Path, launches: list[Launch]  # noqa: F811
+    tmp_path: Path, code_dir: Path, launches: list[Launch]
 ) -> None:
     run_dir = tmp_path / "runs"
     args = ["--config", str(_config(tmp_path, "slow.yaml", sleep=0.2)), "--trial", "ds_launched.py:LaunchedTrial"]
@@ -87,7 +87,7 @@ def test_sigterm_preempts_a_zero1_run_and_it_resumes_on_two_ranks(
     assert {f"model0/zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)} <= set(checkpoint.resources)
     consolidated = det.deepspeed.consolidate_checkpoint(run_dir / "checkpoints" / checkpoint.uuid)
     make_model().load_state_dict(consolidated)  # one plain state_dict of the 2-rank ZeRO-1 checkpoint
-    _assert_nothing_left(first, tmp_path)
+    assert_nothing_left(first, tmp_path)
 
     resume = ["--config", str(_config(tmp_path, "quick.yaml")), "--latest-checkpoint", "latest",
               "--trial", "ds_launched.py:LaunchedTrial"]
@@ -98,11 +98,11 @@ def test_sigterm_preempts_a_zero1_run_and_it_resumes_on_two_ranks(
     final = json.loads((code_dir / "weights.json").read_text())
     for got, want in zip(final, plain_loop(LENGTH, 16)):
         np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5)
-    _assert_nothing_left(second, tmp_path)
+    assert_nothing_left(second, tmp_path)
 
 
 def test_a_failing_rank_stops_the_torch_distributed_job_within_seconds(
-    tmp_path: Path, code_dir: Path, launches: list[Launch]  # noqa: F811
+    tmp_path: Path, code_dir: Path, launches: list[Launch]
 ) -> None:
     config = _config(tmp_path, "fail.yaml", stage=0, sleep=0.1, fail_rank=1, fail_at=3)
     launch = Launch(["--config", str(config), "--trial", "ds_launched.py:LaunchedTrial"], code_dir, tmp_path / "runs")
@@ -113,7 +113,7 @@ def test_a_failing_rank_stops_the_torch_distributed_job_within_seconds(
     assert ended - raised < 15, f"the launcher took {ended - raised:.1f} s to stop after the failure"
     assert "rank 1 failed with exit code" in launch.output and "RuntimeError: boom in batch 3" in launch.output
     assert max(launch.batches()[0]) < 8
-    _assert_nothing_left(launch, tmp_path)
+    assert_nothing_left(launch, tmp_path)
 
 
 def test_the_command_wraps_deepspeeds_runner_with_overrides_last(tmp_path: Path) -> None:

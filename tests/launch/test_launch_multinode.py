@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_launch_torch_distributed import BATCH_LINE, DATA, TRIAL, _config, _validation_losses
+from helpers_launch import BATCH_LINE, DATA, TRIAL, tiny_config, validation_losses
 
 from determined_trials.launch._procs import free_port
 
@@ -51,7 +51,7 @@ def test_two_nodes_on_loopback_equal_one_node_with_two_processes(tmp_path: Path)
     code.mkdir()
     (code / "tiny_trial.py").write_text(TRIAL)
     (code / "tiny_data.py").write_text(DATA)
-    config = _config(tmp_path, "two.yaml", slots=2, batches=8)
+    config = tiny_config(tmp_path, "two.yaml", slots=2, batches=8)
     shared = {"DET_NNODES": "2", "DET_CHIEF_IP": "127.0.0.1", "DET_MASTER_PORT": str(free_port()),
               "DET_CORE_PORT": str(free_port()), "DET_JOB_ID": uuid.uuid4().hex}
     outs = [tmp_path / f"node{rank}.out" for rank in (0, 1)]
@@ -64,5 +64,5 @@ def test_two_nodes_on_loopback_equal_one_node_with_two_processes(tmp_path: Path)
     one_node = _launch(code, tmp_path / "one-node", config, {}, tmp_path / "one.out")
     assert _finish([one_node]) == [0], (tmp_path / "one.out").read_text()
     assert _batches(tmp_path / "one.out") == {0: list(range(8)), 1: list(range(8))}
-    two = _validation_losses(tmp_path / "two-nodes")
-    assert len(two) == 2 and two == pytest.approx(_validation_losses(tmp_path / "one-node"), rel=1e-6)
+    two = validation_losses(tmp_path / "two-nodes")
+    assert len(two) == 2 and two == pytest.approx(validation_losses(tmp_path / "one-node"), rel=1e-6)

@@ -7,90 +7,28 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
-import textwrap
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from helpers_launch import (
+    DATA,
+    TRIAL,
+    Launch,
+    assert_nothing_left,
+    launches_fixture,  # noqa: F401 (the launches fixture)
+    tiny_config,
+    validation_losses,
+)
 
 import determined_trials as det
 from determined_trials.launch import PREEMPTED_EXIT_CODE
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
-
-TRIAL = '''
-import os
-import time
-
-import torch
-from torch import nn
-
-from determined_trials import pytorch
-from tiny_data import records
-
-
-class TinyTrial(pytorch.PyTorchTrial):
-    def __init__(self, context):
-        self.context = context
-        self.model = context.wrap_model(nn.Linear(4, 1))
-        self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=0.05))
-
-    def build_training_data_loader(self):
-        return pytorch.DataLoader(records(), batch_size=self.context.get_per_slot_batch_size())
-
-    def build_validation_data_loader(self):
-        return pytorch.DataLoader(records(), batch_size=8)
-
-    def train_batch(self, batch, epoch_idx, batch_idx):
-        x, y = batch
-        loss = nn.functional.mse_loss(self.model(x), y)
-        self.context.backward(loss)
-        self.context.step_optimizer(self.optimizer)
-        rank = self.context.distributed.get_rank()
-        print(f"rank {rank} trained batch {batch_idx}", flush=True)
-        hp = self.context.get_hparams()
-        if rank == hp.get("fail_rank") and batch_idx == hp.get("fail_at"):
-            raise RuntimeError(f"boom in batch {batch_idx}")
-        time.sleep(hp["sleep"])
-        return {"loss": loss}
-
-    def evaluate_batch(self, batch):
-        x, y = batch
-        return {"validation_loss": nn.functional.mse_loss(self.model(x), y)}
-'''
-
-DATA = '''
-import torch
-from torch.utils.data import TensorDataset
-
-
-def records():
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(64, 4, generator=gen)
-    return TensorDataset(x, x.sum(dim=1, keepdim=True))
-'''
-
-BATCH_LINE = re.compile(r"^\[rank=(\d)\] rank (\d) trained batch (\d+)$")
-
-
-def _config(folder: Path, name: str, slots: int, batches: int, **hparams: object) -> Path:
-    hp = {"global_batch_size": 8, "sleep": 0.0, **hparams}
-    path = folder / name
-    path.write_text(textwrap.dedent(f"""
-        hyperparameters: {hp!r}
-        searcher: {{name: single, metric: validation_loss, max_length: {{batches: {batches}}}}}
-        min_validation_period: {{batches: 4}}
-        resources: {{slots_per_trial: {slots}}}
-        reproducibility: {{experiment_seed: 7}}
-    """).replace("'", ""))
-    return path
 
 
 @pytest.fixture
@@ -102,147 +40,32 @@ def code_dir(tmp_path: Path) -> Path:
     return code
 
 
-class Launch:
-    """The launcher as a subprocess: its output lines with arrival times, and every process it spawned."""
-
-    def __init__(self, args: list[str], cwd: Path, run_dir: Path, launcher: str = "torch_distributed") -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
-        env["DET_RUN_DIR"] = str(run_dir)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", f"determined_trials.launch.{launcher}", *args], cwd=cwd, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        self.lines: list[tuple[float, str]] = []
-        self.spawned: dict[int, float] = {}  # pid -> create time (to tell a reused pid apart)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        self._watcher = threading.Thread(target=self._watch, daemon=True)
-        self._watcher.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append((time.monotonic(), line.rstrip("\n")))
-
-    def _watch(self) -> None:
-        while self.proc.poll() is None:
-            try:
-                for child in psutil.Process(self.proc.pid).children(recursive=True):
-                    self.spawned.setdefault(child.pid, child.create_time())
-            except psutil.Error:
-                pass
-            time.sleep(0.05)
-
-    def wait_for(self, pattern: str, timeout: float = 120) -> float:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for stamp, line in list(self.lines):
-                if re.search(pattern, line):
-                    return stamp
-            if self.proc.poll() is not None and not self._reader.is_alive():
-                break
-            time.sleep(0.02)
-        raise AssertionError(f"no line matching {pattern!r}; output:\n{self.output}")
-
-    def finish(self, timeout: float = 180) -> tuple[int, float]:
-        returncode = self.proc.wait(timeout=timeout)
-        ended = time.monotonic()
-        self._reader.join(10)
-        return returncode, ended
-
-    @property
-    def output(self) -> str:
-        return "\n".join(line for _, line in self.lines)
-
-    def batches(self) -> dict[int, list[int]]:
-        found: dict[int, list[int]] = {}
-        for _, line in self.lines:
-            match = BATCH_LINE.match(line)
-            if match:
-                assert match.group(1) == match.group(2), line  # the prefix names the rank that printed it
-                found.setdefault(int(match.group(1)), []).append(int(match.group(3)))
-        return found
-
-    def left_behind(self) -> list[int]:
-        alive = []
-        for pid, created in self.spawned.items():
-            try:
-                proc = psutil.Process(pid)
-                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.Error:
-                pass
-        return alive
-
-    def kill(self) -> None:
-        pids = list(self.spawned)
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for pid in pids:
-            try:
-                psutil.Process(pid).kill()
-            except psutil.Error:
-                pass
-
-
-@pytest.fixture
-def launches() -> Iterator[list[Launch]]:
-    started: list[Launch] = []
-    yield started
-    for launch in started:
-        launch.kill()
-
-
-def _job_processes(marker: Path) -> list[str]:
-    """Command lines of live processes that mention ``marker`` (the test's folder)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if str(marker) in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(cmdline)
-    return found
-
-
-def _assert_nothing_left(launch: Launch, tmp_path: Path) -> None:
-    time.sleep(0.2)
-    assert launch.spawned, "the watcher saw no worker process"
-    assert launch.left_behind() == []
-    assert _job_processes(tmp_path) == []
-
-
-def _validation_losses(run_dir: Path) -> list[float]:
-    store = det.core.LocalStore(run_dir)
-    (trial,) = store.trials()
-    return [m.metrics["validation_loss"] for m in store.metrics(trial.id, group="validation")]
-
-
 def test_two_workers_train_and_match_one_process(
     tmp_path: Path, code_dir: Path, launches: list[Launch]
 ) -> None:
-    config = _config(tmp_path, "two.yaml", slots=2, batches=8)
+    config = tiny_config(tmp_path, "two.yaml", slots=2, batches=8)
     two = Launch(["--config", str(config), "--trial", "tiny_trial.py:TinyTrial"], code_dir, tmp_path / "runs2")
     launches.append(two)
     assert two.finish()[0] == 0, two.output
     assert two.batches() == {0: list(range(8)), 1: list(range(8))}
     assert "[rank=0] [validation] batch 8" in two.output
-    _assert_nothing_left(two, tmp_path)
+    assert_nothing_left(two, tmp_path)
 
     # one slot: no torchrun; the same global batch gives the same validation losses
-    one_config = _config(tmp_path, "one.yaml", slots=1, batches=8)
+    one_config = tiny_config(tmp_path, "one.yaml", slots=1, batches=8)
     one = Launch(["--config", str(one_config), "tiny_trial:TinyTrial"], code_dir, tmp_path / "runs1")
     launches.append(one)
     assert one.finish()[0] == 0, one.output
     assert one.batches() == {0: list(range(8))}
     assert "torch.distributed.run" not in one.output and "OMP_NUM_THREADS" not in one.output
-    assert _validation_losses(tmp_path / "runs2") == pytest.approx(_validation_losses(tmp_path / "runs1"), rel=1e-5)
-    _assert_nothing_left(one, tmp_path)
+    assert validation_losses(tmp_path / "runs2") == pytest.approx(validation_losses(tmp_path / "runs1"), rel=1e-5)
+    assert_nothing_left(one, tmp_path)
 
 
 def test_a_failing_worker_stops_the_job_within_seconds(
     tmp_path: Path, code_dir: Path, launches: list[Launch]
 ) -> None:
-    config = _config(tmp_path, "fail.yaml", slots=2, batches=40, sleep=0.1, fail_rank=1, fail_at=3)
+    config = tiny_config(tmp_path, "fail.yaml", slots=2, batches=40, sleep=0.1, fail_rank=1, fail_at=3)
     launch = Launch(["--config", str(config), "--trial", "tiny_trial.py:TinyTrial"], code_dir, tmp_path / "runs")
     launches.append(launch)
     raised = launch.wait_for(r"^\[rank=1\] rank 1 trained batch 3$")
@@ -257,7 +80,7 @@ def test_a_failing_worker_stops_the_job_within_seconds(
     assert [t for t in tracebacks if not t.startswith("[rank=")] == [], launch.output  # not torchrun's
     assert launch.output.count("boom in batch 3\n") == 1, launch.output  # rank 1's traceback, once
     assert max(launch.batches()[0]) < 10  # rank 0 did not train on
-    _assert_nothing_left(launch, tmp_path)
+    assert_nothing_left(launch, tmp_path)
 
 
 SLOW_IMPORT = '''
@@ -275,7 +98,7 @@ def test_a_stop_signal_while_the_trial_probe_runs_exits_preempted_and_ends_the_p
     tmp_path: Path, code_dir: Path, launches: list[Launch], sig: signal.Signals
 ) -> None:
     (code_dir / "slow_import.py").write_text(SLOW_IMPORT)
-    config = _config(tmp_path, "slow.yaml", slots=2, batches=4)
+    config = tiny_config(tmp_path, "slow.yaml", slots=2, batches=4)
     launch = Launch(["--config", str(config), "--trial", "slow_import.py:SlowTrial"], code_dir, tmp_path / "runs")
     launches.append(launch)
     marker = code_dir / "probe.pid"
@@ -291,7 +114,7 @@ def test_a_stop_signal_while_the_trial_probe_runs_exits_preempted_and_ends_the_p
         assert f"received {sig.name} before starting the workers" in launch.output
         _, alive = psutil.wait_procs([probe], timeout=60)
         assert alive == [], "the probe child outlived the launcher"
-        _assert_nothing_left(launch, tmp_path)
+        assert_nothing_left(launch, tmp_path)
     finally:
         with contextlib.suppress(psutil.Error):
             probe.kill()
@@ -300,7 +123,7 @@ def test_a_stop_signal_while_the_trial_probe_runs_exits_preempted_and_ends_the_p
 def test_sigterm_preempts_every_rank_at_the_same_batch_and_the_run_resumes(
     tmp_path: Path, code_dir: Path, launches: list[Launch]
 ) -> None:
-    config = _config(tmp_path, "long.yaml", slots=2, batches=24, sleep=0.1)
+    config = tiny_config(tmp_path, "long.yaml", slots=2, batches=24, sleep=0.1)
     run_dir = tmp_path / "runs"
     args = ["--config", str(config), "--trial", "tiny_trial.py:TinyTrial"]
     first = Launch(args, code_dir, run_dir)
@@ -316,9 +139,9 @@ def test_sigterm_preempts_every_rank_at_the_same_batch_and_the_run_resumes(
     checkpoints = det.core.LocalStore(run_dir).checkpoints()
     assert checkpoints[-1].steps_completed == stopped_after
     assert [t.state for t in det.core.LocalStore(run_dir).trials()] == ["PAUSED"]
-    _assert_nothing_left(first, tmp_path)
+    assert_nothing_left(first, tmp_path)
 
-    quick = _config(tmp_path, "quick.yaml", slots=2, batches=24)  # the same run, without the pauses
+    quick = tiny_config(tmp_path, "quick.yaml", slots=2, batches=24)  # the same run, without the pauses
     second = Launch(["--config", str(quick), "--latest-checkpoint", "latest", "--trial", "tiny_trial.py:TinyTrial"],
                     code_dir, run_dir)
     launches.append(second)
@@ -326,11 +149,11 @@ def test_sigterm_preempts_every_rank_at_the_same_batch_and_the_run_resumes(
     resumed = second.batches()
     assert resumed == {0: list(range(stopped_after, 24)), 1: list(range(stopped_after, 24))}
     assert det.core.LocalStore(run_dir).checkpoints()[-1].steps_completed == 24
-    _assert_nothing_left(second, tmp_path)
+    assert_nothing_left(second, tmp_path)
 
 
 def test_the_harness_alone_exits_75_after_a_preemption(tmp_path: Path, code_dir: Path) -> None:
-    config = _config(tmp_path, "alone.yaml", slots=1, batches=40, sleep=0.1)
+    config = tiny_config(tmp_path, "alone.yaml", slots=1, batches=40, sleep=0.1)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
     env["DET_RUN_DIR"] = str(tmp_path / "runs")
     proc = subprocess.Popen(

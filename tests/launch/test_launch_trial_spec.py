@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from determined_trials.launch import _args
+from determined_trials.launch import TrialSpecError, _args
 from determined_trials.launch import torch_distributed as td
-from determined_trials.launch._trial_spec import TrialSpecError
 from determined_trials.launch.harness import load_pytorch_trial
 
 TRIAL_BODY = """

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_trials import ResumeTrial, config, fit
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
+from trials_pytorch import ResumeTrial, config, fit
 
 from determined_trials import pytorch
 from determined_trials.pytorch import Batch

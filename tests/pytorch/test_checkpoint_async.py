@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_trials import ResumeTrial, assert_same_state, config, fit, state_snapshot
+from helpers_paths import SUPPORT
+from trials_pytorch import ResumeTrial, assert_same_state, config, fit, state_snapshot
 
 import determined_trials.pytorch._adapter as adapter_module
 import determined_trials.pytorch._checkpoint_io as checkpoint_io
@@ -30,8 +31,7 @@ from determined_trials.pytorch import Batch
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
 
-HERE = Path(__file__).resolve().parent
-KILL_WORKER = HERE / "_async_ckpt_kill_worker.py"
+KILL_WORKER = SUPPORT / "worker_async_ckpt_kill.py"
 CONF = config({"global_batch_size": 4, "lr": 0.01, "workers": 0, "hidden": 8})
 FIT: dict[str, Any] = {"max_length": Batch(12), "checkpoint_period": Batch(4), "reporting_period": Batch(2)}
 
@@ -221,7 +221,7 @@ def pytorch_hooks(callbacks: dict[str, Any]) -> Any:
 
 def _run_until(run_dir: Path, mode: str, marker: str, background: str) -> int:
     """Start the kill worker, wait for ``marker`` on its stdout, SIGKILL it; return its trial id."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")])}
     err_path = run_dir / "worker.err"
     with open(err_path, "w") as err:
         proc = subprocess.Popen([sys.executable, str(KILL_WORKER), str(run_dir), mode, background], stdout=subprocess.PIPE,

@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
-from _group_run import run_in_group
+from helpers_group_run import run_in_group
+from helpers_paths import REPO, SUPPORT
 
 from determined_trials.core import LocalStore
 
-HERE = Path(__file__).resolve().parent
-WORKER = HERE / "_ctrl_c_worker.py"
-EXAMPLE = HERE.parent / "examples" / "digits_pytorch" / "train.py"
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+WORKER = SUPPORT / "worker_ctrl_c.py"
+EXAMPLE = REPO / "examples" / "digits_pytorch" / "train.py"
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]),
        "DET_PROGRESS": "0", "CUDA_VISIBLE_DEVICES": ""}  # the workers train on the CPU (built before cpu_device runs)
 ENV.pop("DET_CLUSTER_INFO", None)
 ENV.pop("DET_LAUNCH_DIR", None)

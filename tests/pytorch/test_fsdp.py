@@ -14,19 +14,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import _two_ranks as two_ranks
+import helpers_two_ranks as two_ranks
 import pytest
 import torch
-from _fsdp_worker import run
-from _two_ranks import Results
+from helpers_paths import SUPPORT
+from helpers_two_ranks import Results
+from worker_fsdp import run
 
 from determined_trials import core
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
-HERE = Path(__file__).resolve().parent
 RUN_S = 240  # both ranks' whole plan, to their exit
-WORKER = HERE / "_fsdp_worker.py"
+WORKER = SUPPORT / "worker_fsdp.py"
 ATOL, RTOL = 1e-6, 1e-5
 STOP = 4  # stop after batch_idx 4: 5 batches trained, mid-epoch 0 (6 a epoch), after the checkpoint at 4
 CLIP = 0.5

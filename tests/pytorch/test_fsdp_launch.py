@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_paths import REPO
 
 import determined_trials as det
 from determined_trials.cli.main import main as cli_main
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "fsdp_mlp"
+EXAMPLE = REPO / "examples" / "fsdp_mlp"
 BATCHES = 16
 
 

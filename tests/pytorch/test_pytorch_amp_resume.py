@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_trials import ResumeTrial, assert_same_state, config, fit, state_snapshot
+from trials_pytorch import ResumeTrial, assert_same_state, config, fit, state_snapshot
 
 from determined_trials.pytorch import Batch
 

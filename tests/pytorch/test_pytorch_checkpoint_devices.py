@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.serialization
-from pytorch_trials import ResumeTrial, assert_same_state, config, fit, state_snapshot
+from trials_pytorch import ResumeTrial, assert_same_state, config, fit, state_snapshot
 
 from determined_trials.pytorch import Batch
 from determined_trials.pytorch import _checkpoint_io as io

@@ -15,9 +15,7 @@ import torch
 
 import determined_trials as det
 from determined_trials.errors import ConfigError
-from determined_trials.pytorch._context import PyTorchTrialContext
-from determined_trials.pytorch._lr_scheduler import LRScheduler
-from determined_trials.pytorch._reducer import MetricReducer
+from determined_trials.pytorch import LRScheduler, MetricReducer, PyTorchTrialContext
 
 SEARCHER = {"name": "single", "metric": "loss", "max_length": 10}
 CONFIG: dict[str, Any] = {
@@ -510,7 +508,7 @@ def test_set_profiler_writes_a_trace(make_ctx: Any) -> None:
 
 @pytest.mark.slow
 def test_ddp_aggregation_skips_sync_then_steps_with_the_global_average(tmp_path: Path) -> None:
-    import _pytorch_context_ranks as ranks
+    import ranks_pytorch_context as ranks
 
     from determined_trials.testing import run_ranks
 
@@ -527,7 +525,7 @@ def test_ddp_aggregation_skips_sync_then_steps_with_the_global_average(tmp_path:
 def test_reduce_metrics_and_run_cross_slot_reduction_over_two_processes(tmp_path: Path) -> None:
     """Determined's names for reducing by hand: ``reduce_metrics(for_training)`` (one allgather, on every
     rank), ``run_cross_slot_reduction(reducers, gathered)`` (e.g. on the chief) and ``reset_reducers``."""
-    import _pytorch_context_ranks as ranks
+    import ranks_pytorch_context as ranks
 
     from determined_trials.testing import run_ranks
 

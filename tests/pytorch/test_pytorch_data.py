@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.utils.data
 
-from determined_trials.pytorch.data._loader import DataLoader
+from determined_trials.pytorch import DataLoader
 from determined_trials.pytorch.data._raw import is_reproducible_loader, wrap_raw_loader
 from determined_trials.pytorch.data._stream import TrainingStream
 

@@ -16,23 +16,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _two_ranks as two_ranks
+import helpers_two_ranks as two_ranks
 import pytest
 import torch
-from _pytorch_dist_trials import LENGTH, VALIDATION_RECORDS, config
-from _pytorch_dist_worker import run
-from _two_ranks import Results
+from helpers_paths import SUPPORT
+from helpers_two_ranks import Results
+from trials_pytorch_dist import LENGTH, VALIDATION_RECORDS, config
+from worker_pytorch_dist import run
 
-from determined_trials import core
-from determined_trials._trial_context import TrialContext
+from determined_trials import TrialContext, core
 from determined_trials.config import load_config
 from determined_trials.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
 
-HERE = Path(__file__).resolve().parent
 RUN_S = 120  # both ranks' whole plan, to their exit
-WORKER = HERE / "_pytorch_dist_worker.py"
+WORKER = SUPPORT / "worker_pytorch_dist.py"
 ATOL, RTOL = 1e-6, 1e-5
 STOP_2 = 6  # the 2-rank run stops after batch_idx 6 (7 trained: mid-epoch 1, between reports at 6 and 9)
 STOP_1 = 3  # the 1-rank run stops after batch_idx 3 (4 trained: mid-epoch 0, between reports at 3 and 6)

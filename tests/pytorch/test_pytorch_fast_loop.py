@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_trials import LINEAR_XS, LinearTrial, config, fit
+from trials_pytorch import LINEAR_XS, LinearTrial, config, fit
 
 import determined_trials as det
 from determined_trials import pytorch

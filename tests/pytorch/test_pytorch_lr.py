@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from determined_trials.pytorch._lr_scheduler import LRScheduler
+from determined_trials.pytorch import LRScheduler
 
 Mode = LRScheduler.StepMode
 EPOCH_LEN = 3

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from determined_trials.pytorch import Reducer
 from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
-from determined_trials.pytorch._reducer import Reducer
 
 
 def _single(x: Any) -> list[Any]:

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from determined_trials.pytorch import MetricReducer, Reducer
 from determined_trials.pytorch._metrics import ValidationMetrics
-from determined_trials.pytorch._reducer import MetricReducer, Reducer, ReducerRegistry
+from determined_trials.pytorch._reducer import ReducerRegistry
 
 VALUES = [0.25, 0.5, 0.75, 1, 25.5, 1.9]
 WEIGHTS = [1, 2, 5, 4, 5, 6]

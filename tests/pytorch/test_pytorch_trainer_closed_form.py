@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_trials import LINEAR_TRUE_W, LINEAR_XS, LinearTrial, config, fit
+from trials_pytorch import LINEAR_TRUE_W, LINEAR_XS, LinearTrial, config, fit
 
 from determined_trials.pytorch import Batch
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_trials import LinearBase, LinearData, LinearTrial, ResumeTrial, config, fit
+from trials_pytorch import LinearBase, LinearData, LinearTrial, ResumeTrial, config, fit
 
 from determined_trials import pytorch
 from determined_trials.pytorch import Batch, Epoch

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pytorch_trials import LinearTrial, ScriptedValidationTrial, config, fit
+from trials_pytorch import LinearTrial, ScriptedValidationTrial, config, fit
 
 from determined_trials.pytorch import Batch, Epoch, Record, TrainUnit
 

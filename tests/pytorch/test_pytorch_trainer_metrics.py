@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pytorch_trials import LINEAR_XS, LinearTrial, ReducerTrial, ScriptedValidationTrial, config, fit
+from trials_pytorch import LINEAR_XS, LinearTrial, ReducerTrial, ScriptedValidationTrial, config, fit
 
 from determined_trials.pytorch import Batch, Epoch
 

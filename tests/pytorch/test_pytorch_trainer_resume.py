@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_trials import ResumeTrial, assert_same_state, config, fit, state_snapshot
+from helpers_paths import SUPPORT
+from trials_pytorch import ResumeTrial, assert_same_state, config, fit, state_snapshot
 
 from determined_trials import pytorch
 from determined_trials.pytorch import Batch
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
 
-HERE = Path(__file__).resolve().parent
-WORKER = HERE / "_pytorch_sigterm_worker.py"
+WORKER = SUPPORT / "worker_pytorch_sigterm.py"
 LENGTH = 15  # 24 records, batches of 4: 6 batches per epoch, so 2.5 epochs
 FIT: dict[str, Any] = {"max_length": Batch(LENGTH), "validation_period": Batch(5), "reporting_period": Batch(4)}
 
@@ -132,7 +132,7 @@ def test_sigterm_then_resume_is_bitwise_identical(tmp_path: Path, reference: dic
     """A subprocess trains; on batch 3 it writes a flag and sleeps; the test sends SIGTERM then. The
     run checkpoints after batch 3 (4 batches trained) and exits; this process resumes it."""
     flag, out = tmp_path / "flag", tmp_path / "worker.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
         [sys.executable, str(WORKER), str(tmp_path / "run"), str(flag), str(out)], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_trials import ResumeTrial, assert_same_state, config, fit
+from trials_pytorch import ResumeTrial, assert_same_state, config, fit
 
 import determined_trials.pytorch._checkpoint_io as checkpoint_io
 import determined_trials.pytorch._experimental as experimental

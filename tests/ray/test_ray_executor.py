@@ -19,8 +19,9 @@ from typing import Any
 
 import psutil
 import pytest
-from _experiment_helpers import create, final_states, make_context
-from _ray_cluster import LocalRayCluster, can_hide_folders, driving
+from helpers_experiment import create, final_states, make_context
+from helpers_paths import SUPPORT
+from helpers_ray_cluster import LocalRayCluster, can_hide_folders, driving
 
 from determined_trials.core import LocalStore
 from determined_trials.experiment import summarize_trials
@@ -28,7 +29,6 @@ from determined_trials.experiment import summarize_trials
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-TESTS = Path(__file__).parent
 DET_TRIALS = [sys.executable, "-m", "determined_trials.cli.main"]
 
 
@@ -42,8 +42,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCluste
 
 def _context(tmp_path: Path, hparams: dict[str, Any], **config: Any) -> tuple[Path, Path]:
     path, ctx = make_context(tmp_path, hparams, entrypoint="python3 ray_trial.py", **config)
-    shutil.copy(TESTS / "_ray_trial.py", ctx / "ray_trial.py")
-    shutil.copy(TESTS / "_experiment_script.py", ctx / "_experiment_script.py")
+    shutil.copy(SUPPORT / "trials_ray_script.py", ctx / "ray_trial.py")
+    shutil.copy(SUPPORT / "trials_core_script.py", ctx / "trials_core_script.py")
     return path, ctx
 
 

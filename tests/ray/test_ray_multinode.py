@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
-from _experiment_helpers import create
-from _ray_cluster import LocalRayCluster, driving
+from helpers_experiment import create
+from helpers_paths import SUPPORT
+from helpers_ray_cluster import LocalRayCluster, driving
 from test_ray_executor import DET_TRIALS, _start_runner, _when
 
 from determined_trials.cli._trial import write_trial_table
@@ -30,7 +31,6 @@ pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.usefixtures("cpu_device")]
 
-TESTS = Path(__file__).parent
 RANK_LINE = re.compile(r"^\[rank=(\d)\] rank (\d) of 2 on node (\S+) pid (\d+)$")
 
 
@@ -44,7 +44,7 @@ def cluster() -> Iterator[LocalRayCluster]:
 def _context(folder: Path, slots: int = 2, trials: int = 1, **hparams: Any) -> tuple[Path, Path]:
     ctx = folder / "ctx"
     ctx.mkdir(parents=True)
-    shutil.copy(TESTS / "_ray_spread_trial.py", ctx / "spread_trial.py")
+    shutil.copy(SUPPORT / "trials_ray_spread_pytorch.py", ctx / "spread_trial.py")
     config = {
         "name": "spread", "entrypoint": "python3 -m determined_trials.launch.torch_distributed --trial "
                                         "spread_trial.py:SpreadTrial",
@@ -160,9 +160,9 @@ def test_logs_of_both_ranks_reach_the_runner(spread_run: tuple[Path, list[str]],
 def _deepspeed_context(folder: Path) -> tuple[Path, Path]:
     ctx = folder / "ctx"
     ctx.mkdir(parents=True)
-    shutil.copy(TESTS / "_ray_spread_ds_trial.py", ctx / "spread_ds_trial.py")
-    for helper in ("deepspeed_trials.py", "pytorch_trials.py"):
-        shutil.copy(TESTS / helper, ctx / helper)
+    shutil.copy(SUPPORT / "trials_ray_spread_deepspeed.py", ctx / "spread_ds_trial.py")
+    for helper in ("trials_deepspeed.py", "trials_pytorch.py"):
+        shutil.copy(SUPPORT / helper, ctx / helper)
     config = {
         "name": "spread-ds", "entrypoint": "python3 -m determined_trials.launch.deepspeed --trial "
                                            "spread_ds_trial.py:SpreadDSTrial",
@@ -209,8 +209,8 @@ def test_a_keras_trial_spread_over_two_nodes_equals_one_node_with_two_workers(
 
     ctx = tmp_path / "ctx"
     ctx.mkdir()
-    shutil.copy(TESTS / "_ray_spread_keras_trial.py", ctx / "spread_keras_trial.py")
-    shutil.copy(TESTS / "keras_trials.py", ctx / "keras_trials.py")
+    shutil.copy(SUPPORT / "trials_ray_spread_keras.py", ctx / "spread_keras_trial.py")
+    shutil.copy(SUPPORT / "trials_keras.py", ctx / "trials_keras.py")
     config = tmp_path / "const.yaml"
     config.write_text(yaml.safe_dump({
         "name": "spread-keras", "entrypoint": "python3 -m determined_trials.launch.tensorflow --trial "

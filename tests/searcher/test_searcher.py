@@ -6,12 +6,8 @@ from typing import Any
 
 import pytest
 
-from determined_trials.core._searcher import (
-    SearcherContext,
-    SearcherMode,
-    SingleOperationSource,
-    Unit,
-)
+from determined_trials.core import SearcherContext, SearcherMode, Unit
+from determined_trials.core._searcher import SingleOperationSource
 
 
 class _FakeDist:

@@ -13,8 +13,7 @@ import pytest
 import zmq
 
 from determined_trials._info import CLUSTER_INFO_ENV
-from determined_trials.core import LocalStore
-from determined_trials.core._train import EarlyExitReason
+from determined_trials.core import EarlyExitReason, LocalStore
 from determined_trials.core.channel._client import STORE_CHANNEL_ENV, ChannelError, RemoteStore, open_store
 from determined_trials.core.channel._server import ChannelToken, StoreChannelServer
 from determined_trials.core.store._records import NotFoundError

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from determined_trials.core.store._local import LocalStore
+from determined_trials.core import LocalStore
 
 
 @pytest.fixture

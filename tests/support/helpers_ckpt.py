@@ -12,10 +12,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from helpers_paths import REPO, SUPPORT
+
 __all__ = ["REPO", "WORKER", "Recorder", "failure", "make_tree", "read_tree", "start_worker", "worker_env"]
 
-WORKER = Path(__file__).with_name("_ckpt_kill_worker.py")
-REPO = Path(__file__).resolve().parents[1]
+WORKER = SUPPORT / "worker_ckpt_kill.py"
 
 
 def worker_env() -> dict[str, str]:

@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from helpers_paths import SUPPORT
 from torch import nn
 
-CODE = Path(__file__).parent / "det_tutorials" / "ckpt038_code"
+CODE = SUPPORT / "det_tutorials" / "ckpt038_code"
 TRIAL_SPEC = "det038_model_def:TinyRegression"
 
 # What a 0.38 master records for a small experiment: defaults filled in, cluster keys included.

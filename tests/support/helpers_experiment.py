@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from helpers_paths import SUPPORT
 
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore
 
 __all__ = ["SCRIPT", "create", "final_states", "make_context", "start_runner"]
 
-SCRIPT = Path(__file__).with_name("_experiment_script.py")
+SCRIPT = SUPPORT / "trials_core_script.py"
 
 
 def make_context(tmp_path: Path, hparams: dict[str, Any], **config: Any) -> tuple[Path, Path]:

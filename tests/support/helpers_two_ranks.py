@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers_paths import SUPPORT
 
 __all__ = ["Results", "launch", "log", "ranks"]
 
 Results = dict[str, list[dict[str, Any]]]  # scenario name -> one result per rank
-HERE = Path(__file__).resolve().parent
 
 
 def _free_port() -> int:
@@ -38,7 +38,7 @@ def ranks(worker: Path, tmp: Path, scenarios: list[dict[str, Any]], **env: str) 
         **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
         "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "DET_JOB_ID": uuid.uuid4().hex,
         "DET_RUN_DIR": str(tmp / "run"), "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), **env,
+        "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]), **env,
     }
     procs: list[subprocess.Popen[bytes]] = []
     try:

@@ -1,4 +1,4 @@
-"""Rank bodies for tests/test_distributed.py, run in spawned processes by determined_trials.testing.run_ranks."""
+"""Rank bodies for tests/core/test_distributed.py, run in spawned processes by determined_trials.testing.run_ranks."""
 
 from __future__ import annotations
 

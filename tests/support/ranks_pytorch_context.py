@@ -1,4 +1,4 @@
-"""Rank bodies for tests/test_pytorch_context.py: DDP + gradient aggregation over two gloo processes; the
+"""Rank bodies for tests/pytorch/test_pytorch_context.py: DDP + gradient aggregation over two gloo processes; the
 reducer calls Determined code makes by hand (reduce_metrics, run_cross_slot_reduction) over two processes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 import determined_trials as det
-from determined_trials.pytorch._context import PyTorchTrialContext
+from determined_trials.pytorch import PyTorchTrialContext
 
 # rank -> [(x, y) of batch 0, (x, y) of batch 1]; loss (w*x - y)^2, gradient 2(w*x - y)x at w=1
 DATA = {0: [(1.0, 3.0), (2.0, 0.0)], 1: [(3.0, 3.0), (2.0, -1.0)]}

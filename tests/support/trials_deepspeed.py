@@ -1,4 +1,4 @@
-"""DeepSpeedTrials for the DeepSpeed tests (1 process here, 2 ranks in tests/_deepspeed_worker.py), and the
+"""DeepSpeedTrials for the DeepSpeed tests (1 process here, 2 ranks in tests/support/worker_deepspeed.py), and the
 plain PyTorch loop they are compared with: an MLP on fixed synthetic regression data, Adam with
 ``torch_adam`` (torch's AdamW, weight decay 0), ZeRO stage and gradient accumulation from hparams."""
 
@@ -8,8 +8,8 @@ import os
 from typing import Any
 
 import torch
-from pytorch_trials import Recorder
 from torch import nn
+from trials_pytorch import Recorder
 
 from determined_trials import deepspeed as det_ds
 from determined_trials import pytorch

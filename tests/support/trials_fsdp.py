@@ -1,5 +1,5 @@
-"""The FSDP2 trial of tests/test_fsdp.py, shared by the test process (one process, unsharded) and the
-rank workers (tests/_fsdp_worker.py, 2 gloo ranks, fully_shard per block and on the root): a 3-layer MLP
+"""The FSDP2 trial of tests/pytorch/test_fsdp.py, shared by the test process (one process, unsharded) and the
+rank workers (tests/support/worker_fsdp.py, 2 gloo ranks, fully_shard per block and on the root): a 3-layer MLP
 with AdamW and a StepLR on indexed synthetic data, recording the records each batch saw."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The trial of tests/test_pytorch_distributed.py, shared by the test process (1 rank) and the rank
-workers (tests/_pytorch_dist_worker.py, 2 ranks): an MLP on indexed synthetic data that records what
+"""The trial of tests/pytorch/test_pytorch_distributed.py, shared by the test process (1 rank) and the rank
+workers (tests/support/worker_pytorch_dist.py, 2 ranks): an MLP on indexed synthetic data that records what
 each rank saw (training records per batch, local gradients, validation records) and its hook calls."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pytorch_trials import Recorder
 from torch import nn
+from trials_pytorch import Recorder
 
 from determined_trials import pytorch
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import _experiment_script as base
+import trials_core_script as base
 
 import determined_trials as det
 

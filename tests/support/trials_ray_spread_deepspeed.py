@@ -1,13 +1,13 @@
-"""The Ray multi-node tests' DeepSpeedTrial: ``deepspeed_trials.DSTrial`` whose ranks each say once which
-Ray node they run on; copied into the context folder as ``spread_ds_trial.py`` (with deepspeed_trials.py
-and pytorch_trials.py)."""
+"""The Ray multi-node tests' DeepSpeedTrial: ``trials_deepspeed.DSTrial`` whose ranks each say once which
+Ray node they run on; copied into the context folder as ``spread_ds_trial.py`` (with trials_deepspeed.py
+and trials_pytorch.py)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from deepspeed_trials import DSTrial
+from trials_deepspeed import DSTrial
 
 
 class SpreadDSTrial(DSTrial):

@@ -1,12 +1,12 @@
-"""The Ray multi-node tests' TFKerasTrial: ``keras_trials.MLPTrial`` whose workers each say once which Ray
-node they run on; copied into the context folder as ``spread_keras_trial.py`` (with keras_trials.py)."""
+"""The Ray multi-node tests' TFKerasTrial: ``trials_keras.MLPTrial`` whose workers each say once which Ray
+node they run on; copied into the context folder as ``spread_keras_trial.py`` (with trials_keras.py)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from keras_trials import MLPTrial
+from trials_keras import MLPTrial
 
 
 class SpreadKerasTrial(MLPTrial):

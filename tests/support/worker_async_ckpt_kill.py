@@ -1,6 +1,6 @@
-"""Trains pytorch_trials.ResumeTrial with a checkpoint every 2 batches until the test SIGKILLs it.
+"""Trains trials_pytorch.ResumeTrial with a checkpoint every 2 batches until the test SIGKILLs it.
 
-Usage: _async_ckpt_kill_worker.py RUN_DIR write|record copy|write-now. The second checkpoint is held
+Usage: worker_async_ckpt_kill.py RUN_DIR write|record copy|write-now. The second checkpoint is held
 on the background writer thread: ``write`` before it is published (prints ``writing``: with ``copy``
 after a partial ``state_dict.pth`` is written, with ``write-now`` after the training thread wrote the
 files and before the writer publishes them), ``record`` after it is published but before the store
@@ -15,13 +15,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from pytorch_trials import ResumeTrial, config
+from trials_pytorch import ResumeTrial, config
 
 import determined_trials.pytorch._adapter as adapter_module
 import determined_trials.pytorch._experimental as experimental
 from determined_trials import pytorch
+from determined_trials.core import LocalStore
 from determined_trials.core.storage import DirectoryStorage
-from determined_trials.core.store._local import LocalStore
 
 _writes = {"n": 0}
 

@@ -1,6 +1,6 @@
 """Saves one checkpoint, then writes a second one slowly until the test SIGKILLs it.
 
-Usage: python _ckpt_kill_worker.py <storage spec (dir or JSON)> <store_path|upload>
+Usage: python worker_ckpt_kill.py <storage spec (dir or JSON)> <store_path|upload>
 Prints JSON lines: {"first": id}, {"second": id} (store_path only), then "writing" once bytes flow.
 """
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from determined_trials.core._checkpoint import CheckpointContext
+from determined_trials.core import CheckpointContext
 from determined_trials.core._distributed import dummy_distributed
 from determined_trials.core.storage import storage_from_spec
 

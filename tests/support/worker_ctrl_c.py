@@ -1,6 +1,6 @@
 """A plain Trainer.fit script for test_ctrl_c (Ctrl-C stops, "latest" resumes).
 
-Usage: _ctrl_c_worker.py RUN_DIR FLAG_DIR RESUME|- [hold]. On batch_idx 3 (first run only) the trial
+Usage: worker_ctrl_c.py RUN_DIR FLAG_DIR RESUME|- [hold]. On batch_idx 3 (first run only) the trial
 writes FLAG_DIR/at-batch and waits until the test's SIGINT has been handled (the preemption request
 is set); with ``hold`` it then writes FLAG_DIR/first-seen and waits (bounded) for a second SIGINT.
 At the end it writes FLAG_DIR/result.json (exit reason, trial id, batches seen).
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pytorch_trials import ResumeTrial, config
+from trials_pytorch import ResumeTrial, config
 
 from determined_trials import pytorch
 

@@ -1,9 +1,9 @@
-"""One rank of tests/test_deepspeed_distributed.py: runs the scenarios of a JSON plan in order, each a
-``det.deepspeed.init()`` + ``Trainer.fit`` of a trial of tests/deepspeed_trials.py, and writes
+"""One rank of tests/deepspeed/test_deepspeed_distributed.py: runs the scenarios of a JSON plan in order, each a
+``det.deepspeed.init()`` + ``Trainer.fit`` of a trial of tests/support/trials_deepspeed.py, and writes
 ``<out>/<name>-rank<R>.json``.
 
-Usage: _deepspeed_worker.py PLAN_JSON. A scenario: {"name", "trial" (DSTrial|PipeTrial), "config" (kwargs of
-deepspeed_trials.config), "stop_after" / "sigterm_after" + "signal_rank" (batch after which rank 0 asks to
+Usage: worker_deepspeed.py PLAN_JSON. A scenario: {"name", "trial" (DSTrial|PipeTrial), "config" (kwargs of
+trials_deepspeed.config), "stop_after" / "sigterm_after" + "signal_rank" (batch after which rank 0 asks to
 stop / that rank gets SIGTERM), "resume" (the name of an earlier scenario whose last checkpoint to resume)}.
 The rank layout comes from torchrun's environment variables.
 """
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import deepspeed_trials as T
+import trials_deepspeed as T
 
 from determined_trials import deepspeed as det_ds
 

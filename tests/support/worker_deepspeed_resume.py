@@ -3,7 +3,7 @@ each device gets a fresh one): ZeRO-2 in bfloat16 with dropout, a run stopped mi
 its checkpoint against an uninterrupted one, and the checkpoint's consolidated export against the
 engine's weights at the stop. Writes the comparison as JSON to OUT.
 
-Usage: _deepspeed_resume_worker.py DEVICE RUN_DIR OUT  (DEVICE: cpu, gloo; cuda, nccl)
+Usage: worker_deepspeed_resume.py DEVICE RUN_DIR OUT  (DEVICE: cpu, gloo; cuda, nccl)
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from deepspeed_trials import DSTrial, config
 from torch import nn
+from trials_deepspeed import DSTrial, config
 
 from determined_trials import deepspeed as det_ds
 from determined_trials.cli.main import main as cli_main

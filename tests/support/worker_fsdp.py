@@ -1,7 +1,7 @@
-"""One rank of tests/test_fsdp.py: runs the scenarios of a JSON plan in order, each a ``det.pytorch.init()``
+"""One rank of tests/pytorch/test_fsdp.py: runs the scenarios of a JSON plan in order, each a ``det.pytorch.init()``
 + ``Trainer.fit`` of FSDPTrial, and writes ``<out>/<name>-rank<R>.json``.
 
-Usage: _fsdp_worker.py PLAN_JSON. A scenario: {"name", "run_dir", "config" (kwargs of config()), "length",
+Usage: worker_fsdp.py PLAN_JSON. A scenario: {"name", "run_dir", "config" (kwargs of config()), "length",
 "stop_after" (rank 0 only), "latest_checkpoint"}. The rank layout comes from torchrun's variables.
 """
 
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _fsdp_trials import FSDPTrial, config, fit_kwargs, full_state
+from trials_fsdp import FSDPTrial, config, fit_kwargs, full_state
 
 from determined_trials import pytorch
 from determined_trials.pytorch._fsdp import is_fsdp
@@ -70,8 +70,8 @@ def prepare_fails(scenario: dict[str, Any], rank: int) -> dict[str, Any]:
 def errors() -> dict[str, Any]:
     """The mistakes wrap_model refuses, each with its message (under 2 ranks)."""
     import torch
-    from _fsdp_trials import build_model
     from torch import nn
+    from trials_fsdp import build_model
 
     from determined_trials.pytorch._ddp import wrap_ddp
 

@@ -1,7 +1,7 @@
-"""One rank of tests/test_pytorch_distributed.py: runs the scenarios of a JSON plan in order, each a
+"""One rank of tests/pytorch/test_pytorch_distributed.py: runs the scenarios of a JSON plan in order, each a
 ``det.pytorch.init()`` + ``Trainer.fit`` of DistTrial, and writes ``<out>/<name>-rank<R>.json``.
 
-Usage: _pytorch_dist_worker.py PLAN_JSON. The plan: {"out": dir, "scenarios": [{"name", "run_dir",
+Usage: worker_pytorch_dist.py PLAN_JSON. The plan: {"out": dir, "scenarios": [{"name", "run_dir",
 "aggregation", "stop_after" (honoured on rank 0 only), "hang_at", "hang_rank", "flag",
 "latest_checkpoint"}]}. The rank layout comes from torchrun's environment variables.
 """
@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _pytorch_dist_trials import DistTrial, config, fit_kwargs, weights
+from trials_pytorch_dist import DistTrial, config, fit_kwargs, weights
 
 from determined_trials import pytorch
-from determined_trials.core.store._local import LocalStore
+from determined_trials.core import LocalStore
 
 _writes: list[tuple[str, int]] = []  # this rank's calls of the store's write methods
 

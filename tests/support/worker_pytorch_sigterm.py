@@ -1,6 +1,6 @@
-"""Trains pytorch_trials.ResumeTrial until SIGTERM (used by test_pytorch_trainer_resume).
+"""Trains trials_pytorch.ResumeTrial until SIGTERM (used by test_pytorch_trainer_resume).
 
-Usage: _pytorch_sigterm_worker.py RUN_DIR FLAG_FILE OUT_JSON. On batch 3 the trial writes FLAG_FILE
+Usage: worker_pytorch_sigterm.py RUN_DIR FLAG_FILE OUT_JSON. On batch 3 the trial writes FLAG_FILE
 and sleeps, so the test's SIGTERM lands inside that batch. OUT_JSON gets the exit reason, the last
 checkpoint (uuid, steps_completed), the (epoch_idx, batch_idx, indices) seen and a weights file.
 """
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import torch
-from pytorch_trials import ResumeTrial, config
+from trials_pytorch import ResumeTrial, config
 
 from determined_trials import pytorch
 

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
 
-from _ui_helpers import make_store, running_ui  # noqa: E402
+from helpers_ui import make_store, running_ui  # noqa: E402
 
 with warnings.catch_warnings():  # starlette 1.x asks for httpx2 in place of httpx; both work
     warnings.simplefilter("ignore")
@@ -294,7 +294,7 @@ def test_the_real_server_read_only(run_dir: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.usefixtures("cpu_device")
 def test_a_plain_trainer_fit_run(tmp_path: Path) -> None:
-    from pytorch_trials import LinearTrial, config, fit
+    from trials_pytorch import LinearTrial, config, fit
 
     from determined_trials.pytorch import Batch
 

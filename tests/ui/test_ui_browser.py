@@ -18,20 +18,21 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers_paths import REPO, SUPPORT
 
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
-from _experiment_helpers import start_runner  # noqa: E402
-from _ui_helpers import EVIL, make_store, running_ui  # noqa: E402
+from helpers_experiment import start_runner  # noqa: E402
+from helpers_ui import EVIL, make_store, running_ui  # noqa: E402
 
 from determined_trials.core import LocalStore  # noqa: E402
 from determined_trials.core.store._owner import owner_alive  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-TRIAL_SCRIPT = Path(__file__).with_name("_ui_trial.py")
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+TRIAL_SCRIPT = SUPPORT / "trials_ui_script.py"
+DOCS = REPO / "docs"
 
 
 def chromium_path() -> str | None:

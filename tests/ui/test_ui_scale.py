@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
 
-from _ui_helpers import make_big_store, running_ui  # noqa: E402
+from helpers_ui import make_big_store, running_ui  # noqa: E402
 
 from determined_trials.ui import UiSettings, create_app  # noqa: E402
 
