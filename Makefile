@@ -55,7 +55,7 @@ test: venv browser
 
 # Screenshots of the dashboard's three pages for docs/ (docs/ui-*.png), taken by the browser tests' Chromium.
 ui-screenshots: venv browser
-	DET_UI_SCREENSHOTS=docs $(BIN)/python -m pytest -q tests/test_ui_browser.py -k screenshots
+	DET_UI_SCREENSHOTS=docs $(BIN)/python -m pytest -q tests/ui/test_ui_browser.py -k screenshots
 
 # The GPU tier: the tests marked gpu (CUDA resume, pinned copies, no syncs, no memory kept), each listed
 # by name; without CUDA every one is reported SKIPPED with its reason.
@@ -95,7 +95,7 @@ example-keras: venv
 benchmark-keras: venv
 	$(BIN)/python benchmarks/keras_overhead.py
 
-# Regenerate docs/config-reference.md from the config schema (tests/test_config_reference.py checks it).
+# Regenerate docs/config-reference.md from the config schema (tests/config/test_config_reference.py checks it).
 config-reference: venv
 	$(BIN)/python -m determined_trials.config._reference > docs/config-reference.md
 

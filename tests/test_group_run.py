@@ -1,4 +1,4 @@
-"""tests/_group_run.py: what a test runs with ``run_in_group`` leaves nothing behind, whether the
+"""tests/support/helpers_group_run.py: what a test runs with ``run_in_group`` leaves nothing behind, whether the
 command ends, leaves a child running, or runs past its timeout."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _group_run import run_in_group
+from helpers_group_run import run_in_group
 
 # the parent writes its child's pid, then exits at once or hangs
 SPAWNER = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "

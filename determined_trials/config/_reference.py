@@ -35,7 +35,7 @@ __all__ = ["render_reference"]
 _HEADER = """# Experiment configuration reference
 
 Generated from the schema by `make config-reference` (`determined_trials/config/_reference.py`);
-do not edit by hand: `tests/test_config_reference.py` fails when this file is stale.
+do not edit by hand: `tests/config/test_config_reference.py` fails when this file is stale.
 
 A config is YAML (or a dict) parsed once by `determined_trials.config.load_config`. Unknown keys
 are errors with a "did you mean"; a key given as `null` takes its default. Limits that keep a

@@ -1,0 +1,236 @@
+"""Experiments on a real two-node Ray cluster on 127.0.0.1 (`--ray ADDRESS`): trials spread over both
+nodes and give the local executor's results; a killed trial process restarts from its checkpoint;
+pause/continue; a checkpoint folder one node cannot see is refused before any trial runs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from helpers_experiment import create, final_states, make_context
+from helpers_paths import SUPPORT
+from helpers_ray_cluster import LocalRayCluster, can_hide_folders, driving
+
+from determined_trials.core import LocalStore
+from determined_trials.experiment import summarize_trials
+
+pytest.importorskip("ray")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+DET_TRIALS = [sys.executable, "-m", "determined_trials.cli.main"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCluster]:
+    hidden = tmp_path_factory.mktemp("node-private") if can_hide_folders() else None
+    running = LocalRayCluster(hidden_on_second_node=hidden)
+    with driving(running) as started:
+        yield started
+
+
+def _context(tmp_path: Path, hparams: dict[str, Any], **config: Any) -> tuple[Path, Path]:
+    path, ctx = make_context(tmp_path, hparams, entrypoint="python3 ray_trial.py", **config)
+    shutil.copy(SUPPORT / "trials_ray_script.py", ctx / "ray_trial.py")
+    shutil.copy(SUPPORT / "trials_core_script.py", ctx / "trials_core_script.py")
+    return path, ctx
+
+
+def _rows(store: LocalStore) -> list[tuple[Any, ...]]:
+    return [(s.trial_id, s.hparams, s.state, s.restarts, s.best_metric)
+            for s in summarize_trials(store, 1, "loss", True)]
+
+
+def test_grid_spreads_over_both_nodes_with_the_local_results(cluster: LocalRayCluster, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    config, ctx = _context(tmp_path, {"lr": {"type": "categorical", "vals": [0.1, 0.4, 0.7, 0.9]}, "sleep": 0.5},
+                           searcher={"name": "grid", "metric": "loss", "max_length": 3})
+    # three in flight on three CPUs (head 2, second node 1): one of them runs on the second node
+    assert create(tmp_path / "ray", config, ctx, "--ray", cluster.address, "--max-parallel", "3") == 0
+    out = capsys.readouterr().out
+    assert create(tmp_path / "local", config, ctx) == 0
+    on_ray, local = LocalStore(tmp_path / "ray"), LocalStore(tmp_path / "local")
+    assert _rows(on_ray) == _rows(local) and len(_rows(on_ray)) == 4
+    assert final_states(on_ray, 1) == final_states(local, 1)
+    nodes = {t.metadata["node"] for t in on_ray.trials(1)}
+    assert nodes == set(cluster.node_ids())
+    assert {t.metadata["node"] for t in local.trials(1)} == {None}
+    assert "[trial 1] done at step 3" in out
+    assert (tmp_path / "ray" / "experiments" / "1" / "trial_4.log").read_text().strip().endswith("w=" + repr(
+        final_states(on_ray, 1)[4]["w"]))
+
+
+def _when(run_dir: Path, found: Callable[[LocalStore], Any], timeout: float = 300) -> Any:
+    """Poll the run folder's store until ``found(store)`` gives something; that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "store.sqlite").exists():
+            store = LocalStore(run_dir)
+            try:
+                result = found(store)
+                if result:
+                    return result
+            except KeyError:
+                pass
+            finally:
+                store.close()
+        time.sleep(0.1)
+    raise AssertionError(f"nothing found in {run_dir} within {timeout} s")
+
+
+def _checkpointed(steps: int, node: str | None = None) -> Callable[[LocalStore], tuple[int, int, int] | None]:
+    """(trial id, checkpoint steps, trial pid) of a trial (on ``node``) with a checkpoint at ``steps`` or more."""
+    def found(store: LocalStore) -> tuple[int, int, int] | None:
+        for trial in store.trials(1):
+            latest, meta = store.latest_checkpoint(trial.id), trial.metadata or {}
+            if latest and latest.steps_completed >= steps and meta.get("pid") and node in (None, meta["node"]):
+                return trial.id, latest.steps_completed, meta["pid"]
+        return None
+    return found
+
+
+def _kill_trial_after_checkpoint(run_dir: Path, killed: list[int]) -> None:
+    _, steps, pid = _when(run_dir, _checkpointed(2))
+    os.kill(pid, signal.SIGKILL)
+    killed.append(steps)
+
+
+def test_a_killed_trial_process_restarts_from_its_checkpoint(cluster: LocalRayCluster, tmp_path: Path) -> None:
+    config, ctx = _context(tmp_path, {"sleep": 0.4}, searcher={"name": "single", "metric": "loss", "max_length": 8})
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_trial_after_checkpoint, args=(tmp_path / "runs", killed))
+    killer.start()
+    assert create(tmp_path / "runs", config, ctx, "--ray", cluster.address) == 0
+    killer.join(timeout=60)
+    store = LocalStore(tmp_path / "runs")
+    trial = store.trial(1)
+    assert killed and trial.state == "COMPLETED" and trial.restarts == 1
+    log = (tmp_path / "runs" / "experiments" / "1" / "trial_1.log").read_text()
+    resumed = [int(line.split()[-1]) for line in log.splitlines() if line.startswith("resumed at step")]
+    assert len(resumed) == 1 and resumed[0] >= killed[0]
+    assert final_states(store, 1)[1]["step"] == 8
+
+
+def _start_runner(cluster: LocalRayCluster, run_dir: Path, config: Path, ctx: Path) -> subprocess.Popen[bytes]:
+    """`det-trials experiment create --ray` as a process of its own; its output in create.out beside config."""
+    cmd = [*DET_TRIALS, "--run-dir", str(run_dir), "experiment", "create", str(config), str(ctx), "--no-progress",
+           "--ray", cluster.address]
+    with open(config.with_name("create.out"), "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_pause_and_continue_on_ray(cluster: LocalRayCluster, tmp_path: Path) -> None:
+    config, ctx = _context(tmp_path, {"sleep": 0.3, "ckpt_every": 2},
+                           searcher={"name": "single", "metric": "loss", "max_length": 10})
+    run_dir = tmp_path / "runs"
+    proc = _start_runner(cluster, run_dir, config, ctx)
+    try:
+        _when(run_dir, _checkpointed(2))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=180) == 75, (tmp_path / "create.out").read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    store = LocalStore(run_dir)
+    assert store.experiment(1).state == "PAUSED" and store.trial(1).state == "PAUSED"
+    paused_at = store.latest_checkpoint(1).steps_completed  # type: ignore[union-attr]
+    resumed = subprocess.run([*DET_TRIALS, "--run-dir", str(run_dir), "experiment", "continue", "1",
+                              "--no-progress", "--ray", cluster.address], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"[trial 1] resumed at step {paused_at}" in resumed.stdout
+    assert store.experiment(1).state == "COMPLETED" and store.trial(1).restarts == 0
+    assert final_states(store, 1)[1]["step"] == 10
+
+
+def test_a_multi_slot_trial_gets_one_node_and_slots_no_even_split_holds_are_refused(
+        cluster: LocalRayCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    head = cluster.node_ids()[0]
+    config, ctx = _context(tmp_path / "two", {}, resources={"slots_per_trial": 2},
+                           searcher={"name": "single", "metric": "loss", "max_length": 2})
+    assert create(tmp_path / "two" / "runs", config, ctx, "--ray", cluster.address) == 0
+    assert LocalStore(tmp_path / "two" / "runs").trial(1).metadata["node"] == head  # the only 2-CPU node
+    assert cluster.placement_groups() and set(cluster.placement_groups()) == {"REMOVED"}
+    capsys.readouterr()
+    config, ctx = _context(tmp_path / "three", {}, resources={"slots_per_trial": 3})
+    assert create(tmp_path / "three" / "runs", config, ctx, "--ray", cluster.address) == 2
+    err = capsys.readouterr().err
+    assert "slots_per_trial is 3 but the Ray cluster offers 3 CPUs in total over 2 node(s) (CPUs per node: 2, 1)" in err
+    assert "split evenly over the nodes" in err
+    assert LocalStore(tmp_path / "three" / "runs").trials(1) == []
+
+
+def test_when_the_runner_dies_its_trial_processes_end(cluster: LocalRayCluster, tmp_path: Path) -> None:
+    config, ctx = _context(tmp_path, {"sleep": 0.3}, searcher={"name": "single", "metric": "loss", "max_length": 500})
+    run_dir = tmp_path / "runs"
+    runner = _start_runner(cluster, run_dir, config, ctx)
+    try:
+        _, _, pid = _when(run_dir, _checkpointed(2))
+    finally:
+        os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait(timeout=30)
+    trial = psutil.Process(pid)
+    # Ray ends the actors the runner owned; the trial process ends when the runner stops answering
+    # (DET_STORE_CHANNEL_TIMEOUT: 30 s on this cluster) at the latest.
+    trial.wait(timeout=240)
+    cluster.wait_for_free_cpus(3)  # Ray ended the dead runner's actor and gave its CPU back
+    store = LocalStore(run_dir)
+    assert store.experiment(1).state == "ACTIVE" and store.trial(1).state == "ACTIVE"  # resumable records
+    assert store.latest_checkpoint(1) is not None
+
+
+def test_a_folder_one_node_cannot_see_is_refused_before_any_trial(cluster: LocalRayCluster, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    if cluster.hidden is None:
+        pytest.skip("needs `unshare -m` to give the second Ray node a folder the head cannot share")
+    config, ctx = _context(tmp_path, {}, checkpoint_storage=str(cluster.hidden / "ckpts"))
+    assert create(tmp_path / "runs", config, ctx, "--ray", cluster.address) == 2
+    err = capsys.readouterr().err
+    named = re.search(rf"checkpoint storage {re.escape(str(cluster.hidden / 'ckpts'))} is a directory that "
+                      r"Ray node\(s\) \S+ \(([0-9a-f]{12})\) cannot see", err)
+    assert named is not None, err
+    assert cluster.node_ids()[1].startswith(named.group(1))  # the second node, not the head
+    assert "shared_fs" in err
+    store = LocalStore(tmp_path / "runs")
+    assert store.trials(1) == [] and store.experiment(1).state == "ERROR"
+    assert list((cluster.hidden / "ckpts").iterdir()) == []
+
+
+# Last in this module: it kills the cluster's second node.
+def test_a_trial_on_a_dead_node_restarts_from_its_checkpoint_elsewhere(
+        cluster: LocalRayCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    head, second = cluster.node_ids()
+    config, ctx = _context(tmp_path, {"lr": {"type": "categorical", "vals": [0.3, 0.6, 0.9]}, "sleep": 0.4},
+                           searcher={"name": "grid", "metric": "loss", "max_length": 8})
+    run_dir, killed = tmp_path / "runs", []
+    killer = threading.Thread(target=_kill_node_under_a_trial, args=(cluster, run_dir, second, killed))
+    killer.start()
+    assert create(run_dir, config, ctx, "--ray", cluster.address, "--max-parallel", "3") == 0
+    killer.join(timeout=60)
+    assert killed, "no trial ran on the second node"
+    store, (victim, at_step) = LocalStore(run_dir), killed[0]
+    trial = store.trial(victim)
+    assert trial.state == "COMPLETED" and trial.restarts == 1 and trial.metadata["node"] == head
+    assert f"trial {victim} failed; restart 1 of 2 from its latest checkpoint" in capsys.readouterr().out
+    log = (run_dir / "experiments" / "1" / f"trial_{victim}.log").read_text()
+    assert [int(line.split()[-1]) >= at_step for line in log.splitlines() if line.startswith("resumed at")] == [True]
+    assert {trial_id: state["step"] for trial_id, state in final_states(store, 1).items()} == {1: 8, 2: 8, 3: 8}
+
+
+def _kill_node_under_a_trial(cluster: LocalRayCluster, run_dir: Path, node: str, killed: list[tuple[int, int]]) -> None:
+    trial_id, steps, pid = _when(run_dir, _checkpointed(2, node))
+    cluster.kill_second_node()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)  # a dead machine takes its processes along
+    killed.append((trial_id, steps))

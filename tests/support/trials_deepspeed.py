@@ -1,0 +1,185 @@
+"""DeepSpeedTrials for the DeepSpeed tests (1 process here, 2 ranks in tests/support/worker_deepspeed.py), and the
+plain PyTorch loop they are compared with: an MLP on fixed synthetic regression data, Adam with
+``torch_adam`` (torch's AdamW, weight decay 0), ZeRO stage and gradient accumulation from hparams."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+from trials_pytorch import Recorder
+
+from determined_trials import deepspeed as det_ds
+from determined_trials import pytorch
+from determined_trials.pytorch._trainer import seed_everything
+from determined_trials.pytorch.data._plan import epoch_permutation
+
+os.environ.setdefault("DET_DEEPSPEED_SHM_COMM", "0")  # no JIT build of DeepSpeed's shm op in tests
+
+TRAIN_RECORDS, VALIDATION_RECORDS, FEATURES = 64, 20, 4
+SEED, LR = 2024, 0.01
+
+
+def config(*, stage: int = 0, micro: int = 4, gas: int = 1, ranks: int = 1, length: int = 8,
+           **hparams: Any) -> dict[str, Any]:
+    """An experiment config whose hparams describe the DeepSpeed config (see ``ds_config``)."""
+    return {
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": length}},
+        "hyperparameters": {"global_batch_size": micro * gas * ranks, "stage": stage, "micro": micro, "gas": gas,
+                            **hparams},
+        "reproducibility": {"experiment_seed": SEED},
+    }
+
+
+def ds_config(hp: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "train_batch_size": hp["global_batch_size"],
+        "train_micro_batch_size_per_gpu": hp["micro"],
+        "gradient_accumulation_steps": hp["gas"],
+        "optimizer": {"type": "Adam", "params": {"lr": LR, "weight_decay": 0.0, "torch_adam": True}},
+        "zero_optimization": {"stage": hp["stage"]},
+        "gradient_clipping": 0.0,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+        **({"bf16": {"enabled": True}} if hp.get("bf16") else {}),
+    }
+
+
+def data(n: int, seed: int) -> torch.utils.data.TensorDataset:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, FEATURES, generator=gen)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(n, 1, generator=gen)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def make_model(dropout: float = 0.0) -> nn.Module:
+    return nn.Sequential(nn.Linear(FEATURES, 16), nn.ReLU(), nn.Dropout(dropout), nn.Linear(16, 1))
+
+
+class DSTrial(det_ds.DeepSpeedTrial):
+    """The MLP as a DeepSpeed engine; records its hook calls and stops itself after ``stop_after``."""
+
+    def __init__(self, context: det_ds.DeepSpeedTrialContext, stop_after: int | None = None) -> None:
+        import deepspeed
+
+        self.context = context
+        hp = context.get_hparams()
+        model = make_model(hp.get("dropout", 0.0))
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(hp))
+        self.engine = context.wrap_model_engine(engine)
+        self.events: list[tuple[Any, ...]] = []
+        self.stop_after = stop_after
+        self.calls = 0
+        self.sum_reducer = context.wrap_reducer(lambda values: float(sum(values)), name="records_seen")
+
+    def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
+        return {"recorder": Recorder(self.events)}
+
+    def build_training_data_loader(self) -> pytorch.DataLoader:
+        return pytorch.DataLoader(data(TRAIN_RECORDS, 1), batch_size=self.context.get_train_micro_batch_size_per_gpu(),
+                                  shuffle=True)
+
+    def build_validation_data_loader(self) -> pytorch.DataLoader:
+        return pytorch.DataLoader(data(VALIDATION_RECORDS, 2), batch_size=8)
+
+    def train_batch(self, dataloader_iter: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        x, y = self.context.to_device(next(dataloader_iter))
+        loss = nn.functional.mse_loss(self.engine(x), y)
+        self.engine.backward(loss)
+        self.engine.step()
+        self.calls += 1
+        self.sum_reducer.update(len(x))
+        if self.stop_after == batch_idx:
+            self.context.set_stop_requested(True)
+        return {"loss": loss}
+
+    def evaluate_batch(self, dataloader_iter: Any, batch_idx: int) -> dict[str, Any]:
+        x, y = self.context.to_device(next(dataloader_iter))
+        return {"val_loss": nn.functional.mse_loss(self.engine(x), y)}
+
+
+def weights(engine: Any) -> list[list[float]]:
+    """The module's parameters as nested lists (fp32 master weights live in the module for ZeRO 0-2)."""
+    return [p.detach().float().reshape(-1).tolist() for p in engine.module.parameters()]
+
+
+def plain_loop(batches: int, global_batch: int, dropout: float = 0.0) -> list[list[float]]:
+    """The same model trained by hand: one AdamW step per global batch of ``global_batch`` consecutive
+    records of each epoch's seeded order (the harness's data chain)."""
+    seed_everything(SEED)
+    model = make_model(dropout)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    dataset = data(TRAIN_RECORDS, 1)
+    per_epoch = TRAIN_RECORDS // global_batch
+    for b in range(batches):
+        epoch, step = divmod(b, per_epoch)
+        order = epoch_permutation(TRAIN_RECORDS, SEED, epoch)
+        x, y = dataset[order[step * global_batch:(step + 1) * global_batch].tolist()]
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return [p.detach().reshape(-1).tolist() for p in model.parameters()]
+
+
+class PipeTrial(DSTrial):
+    """The same MLP as a 2-stage ``PipelineModule`` (the engine pulls its micro-batches itself)."""
+
+    def __init__(self, context: det_ds.DeepSpeedTrialContext, stop_after: int | None = None) -> None:
+        import deepspeed
+        from deepspeed.pipe import PipelineModule
+
+        self.context = context
+        hp = context.get_hparams()
+        layers = list(make_model(hp.get("dropout", 0.0)))  # built whole on every rank: the plain loop's weights
+        module = PipelineModule(layers=layers, num_stages=2, loss_fn=nn.MSELoss(), partition_method="uniform")
+        engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(),
+                                               config=ds_config(hp))
+        self.engine = context.wrap_model_engine(engine)
+        self.events = []
+        self.stop_after = stop_after
+        self.calls = 0
+        self.sum_reducer = context.wrap_reducer(lambda values: float(sum(values)), name="records_seen")
+
+    def build_validation_data_loader(self) -> pytorch.DataLoader:
+        return pytorch.DataLoader(data(VALIDATION_RECORDS, 2), batch_size=self.context.get_train_micro_batch_size_per_gpu())
+
+    def train_batch(self, dataloader_iter: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        self.calls += 1
+        return {"loss": self.engine.train_batch(data_iter=dataloader_iter)}
+
+    def evaluate_batch(self, dataloader_iter: Any, batch_idx: int) -> dict[str, Any]:
+        return {"val_loss": self.engine.eval_batch(data_iter=dataloader_iter)}
+
+
+class TorchTwin(pytorch.PyTorchTrial):
+    """DSTrial's model, data and optimizer as a PyTorchTrial (the hook trace and weights to compare with)."""
+
+    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+        self.context = context
+        self.model = context.wrap_model(make_model())
+        self.optimizer = context.wrap_optimizer(torch.optim.AdamW(self.model.parameters(), lr=LR, weight_decay=0.0))
+        self.events: list[tuple[Any, ...]] = []
+
+    def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
+        return {"recorder": Recorder(self.events)}
+
+    def build_training_data_loader(self) -> pytorch.DataLoader:
+        return pytorch.DataLoader(data(TRAIN_RECORDS, 1), batch_size=self.context.get_per_slot_batch_size(),
+                                  shuffle=True)
+
+    def build_validation_data_loader(self) -> pytorch.DataLoader:
+        return pytorch.DataLoader(data(VALIDATION_RECORDS, 2), batch_size=8)
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+        x, y = batch
+        loss = nn.functional.mse_loss(self.model(x), y)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.optimizer)
+        return {"loss": loss}
+
+    def evaluate_batch(self, batch: Any) -> dict[str, Any]:
+        x, y = batch
+        return {"val_loss": nn.functional.mse_loss(self.model(x), y)}

@@ -1,0 +1,91 @@
+"""The dashboard at scale: one experiment of 200 trials × 5,000 metric rows each (4,500 training, 500
+validation), written with the store API. Every API call answers within 1 s, and a browser draws the
+experiment page (200 trials in the table, 200 learning curves, the hyperparameter plots) within 3 s."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
+
+from helpers_ui import make_big_store, running_ui  # noqa: E402
+
+from determined_trials.ui import UiSettings, create_app  # noqa: E402
+
+with warnings.catch_warnings():  # starlette 1.x asks for httpx2 in place of httpx; both work
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+TRIALS = 200
+API_LIMIT_S, PAGE_LIMIT_S = 1.0, 3.0
+
+
+@pytest.fixture(scope="module")
+def big_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    run_dir = tmp_path_factory.mktemp("big") / "runs"
+    make_big_store(run_dir)
+    yield run_dir
+
+
+CALLS = [
+    "/api/v1/experiments", "/api/v1/experiments/1", "/api/v1/experiments/1/trials",
+    "/api/v1/experiments/1/metrics?group=validation&metric=validation_loss&max_points=200",
+    "/api/v1/experiments/1/metrics?group=training&metric=loss&max_points=200",
+    "/api/v1/trials/100", "/api/v1/trials/100/metrics?group=training&max_points=500",
+    "/api/v1/trials/100/metrics?group=validation&max_points=500", "/api/v1/trials/100/checkpoints",
+    "/api/v1/trials/1/logs?tail=200", "/api/v1/trials/1/logs?tail=5000",
+]
+
+
+def test_every_api_call_answers_within_a_second(big_run: Path) -> None:
+    client = TestClient(create_app(UiSettings(run_dir=big_run, token="t")), base_url="http://127.0.0.1:8080")
+    timings = {}
+    for path in CALLS:
+        client.get(path)  # the first call warms SQLite's page cache, as a page's first poll does
+        runs = []
+        for _ in range(3):  # the best of three: the machine is shared, other work steals the cores at times
+            start = time.perf_counter()
+            response = client.get(path)
+            runs.append(time.perf_counter() - start)
+            assert response.status_code == 200, (path, response.text)
+        timings[path] = (min(runs), max(runs))
+    print("\n" + "\n".join(f"{lo * 1000:7.0f} ms (worst {hi * 1000:5.0f})  {p}" for p, (lo, hi) in timings.items()))
+    slow = {p: round(lo, 2) for p, (lo, _) in timings.items() if lo > API_LIMIT_S}
+    assert not slow, f"API calls slower than {API_LIMIT_S} s: {slow}"
+    curves = client.get(CALLS[3]).json()["trials"]
+    assert len(curves) == TRIALS and all(len(c["steps"]) <= 200 for c in curves.values())
+
+
+def test_the_experiment_page_is_drawn_within_three_seconds(big_run: Path) -> None:
+    import shutil
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed and `make browser` could not install it (apt-get install chromium)")
+    with running_ui(big_run) as (base, _token), sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 900}, bypass_csp=True)
+            page.goto(base + "/")  # the browser itself started and warm, as a user's is
+            page.wait_for_selector("#experiments tbody tr")
+            drawn = []
+            for _ in range(2):  # the best of two, for the same reason as above
+                start = time.perf_counter()
+                page.goto(base + "/experiments/1")
+                page.wait_for_function(f"document.querySelectorAll('#trials tbody tr').length === {TRIALS} && "
+                                       f"document.querySelectorAll('#curves polyline').length === {TRIALS} && "
+                                       "document.querySelector('#hp-parallel svg') !== null", timeout=30_000)
+                drawn.append(time.perf_counter() - start)
+                page.goto(base + "/")
+            print(f"\nexperiment page with {TRIALS} trials drawn in {min(drawn):.2f} s (worst {max(drawn):.2f} s)")
+            assert min(drawn) <= PAGE_LIMIT_S, f"the experiment page took {min(drawn):.2f} s"
+        finally:
+            browser.close()
