@@ -17,10 +17,10 @@ from determined_trials.pytorch._callback import PyTorchCallback
 from determined_trials.pytorch._compat import TorchData, adapt_batch_sampler, to_device
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._load import CheckpointLoadContext, load_trial_from_checkpoint_path
-from determined_trials.pytorch._reducer import MetricReducer, Reducer
 from determined_trials.pytorch._trainer import Trainer, init
 from determined_trials.pytorch._trial import PyTorchTrial
 from determined_trials.pytorch.data._loader import DataLoader
+from determined_trials.pytorch.metrics._reducer import MetricReducer, Reducer
 from determined_trials.pytorch.optim._lr_scheduler import LRScheduler
 from determined_trials.pytorch.samplers import data_length
 

@@ -17,7 +17,6 @@ from determined_trials.loop import DataShape, EpochCursor, HookRunner, TrialStat
 from determined_trials.pytorch._batch_loop import CPU, BatchLoop, cpu_tensors
 from determined_trials.pytorch._callback import overrides_hook
 from determined_trials.pytorch._context import PyTorchTrialContext
-from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
 from determined_trials.pytorch._trial import PyTorchTrial, evaluate_takes_batch_idx
 from determined_trials.pytorch.checkpoint._io import (
     large_state_template,
@@ -30,6 +29,7 @@ from determined_trials.pytorch.checkpoint._io import (
 from determined_trials.pytorch.checkpoint._snapshot import HostBuffers
 from determined_trials.pytorch.data._loader import DataLoader, require_opt_out
 from determined_trials.pytorch.data._raw import is_reproducible_loader, wrap_raw_loader
+from determined_trials.pytorch.metrics._metrics import TrainingMetrics, ValidationMetrics
 from determined_trials.pytorch.parallel._fsdp import check_model_mix, is_dcp_checkpoint, is_fsdp
 
 __all__ = ["PyTorchAdapter"]

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from determined_trials.loop import allgather
-from determined_trials.pytorch._reducer import MetricReducer, ReducerRegistry
 from determined_trials.pytorch._tensorboard import make_profiler, make_summary_writer
 from determined_trials.pytorch.device._device import to_device
+from determined_trials.pytorch.metrics._reducer import MetricReducer, ReducerRegistry
 
 if TYPE_CHECKING:
     from determined_trials.core import Context

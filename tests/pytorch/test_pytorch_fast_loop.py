@@ -14,7 +14,7 @@ from trials_pytorch import LINEAR_XS, LinearTrial, config, fit
 import determined_trials as det
 from determined_trials import pytorch
 from determined_trials.loop import ExitReason
-from determined_trials.pytorch._metrics import TrainingMetrics
+from determined_trials.pytorch.metrics._metrics import TrainingMetrics
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
 

@@ -12,8 +12,8 @@ from helpers_sim_ranks import SimulatedRanks, reduce_one
 
 from determined_trials.loop import reduce_across_ranks
 from determined_trials.pytorch import Reducer
-from determined_trials.pytorch._metrics import TrainingMetrics, ValidationMetrics
-from determined_trials.pytorch._reducer import ReducerRegistry
+from determined_trials.pytorch.metrics._metrics import TrainingMetrics, ValidationMetrics
+from determined_trials.pytorch.metrics._reducer import ReducerRegistry
 
 
 def _ranks(metrics: list[Any]) -> list[dict[str, Any]]:

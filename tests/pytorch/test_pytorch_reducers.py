@@ -11,8 +11,8 @@ import torch
 from helpers_sim_ranks import reduce_one
 
 from determined_trials.pytorch import MetricReducer, Reducer
-from determined_trials.pytorch._metrics import ValidationMetrics
-from determined_trials.pytorch._reducer import ReducerRegistry
+from determined_trials.pytorch.metrics._metrics import ValidationMetrics
+from determined_trials.pytorch.metrics._reducer import ReducerRegistry
 
 VALUES = [0.25, 0.5, 0.75, 1, 25.5, 1.9]
 WEIGHTS = [1, 2, 5, 4, 5, 6]

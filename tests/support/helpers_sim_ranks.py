@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from determined_trials.core import DistributedContext
 from determined_trials.loop import reduce_across_ranks
-from determined_trials.pytorch._reducer import ReducerRegistry
+from determined_trials.pytorch.metrics._reducer import ReducerRegistry
 
 __all__ = ["ONE_RANK", "SimulatedRanks", "reduce_one"]
 

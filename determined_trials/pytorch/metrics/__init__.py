@@ -1,0 +1,8 @@
+"""Metrics of a PyTorch workload: the reducers a trial registers (``_reducer``: ``Reducer``,
+``MetricReducer`` and the registry), the per-key device accumulators (``_accumulator``) and the training
+and validation metrics built on them (``_metrics``), reduced across ranks by ``loop.reduce_across_ranks``.
+
+Only torch and numpy.
+
+May import: nothing
+"""
