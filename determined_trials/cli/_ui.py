@@ -18,9 +18,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this "
                         "machine only; any other needs --token)")
     parser.add_argument("--port", type=int, default=8080, help="port (default: 8080; 0 picks a free one)")
-    parser.add_argument("--read-only", action="store_true", help="no actions: every POST is refused (403)")
+    parser.add_argument("--read-only", action="store_true", help="no actions: every POST is refused (403); "
+                        "needs only read access (the token is made for this run, nothing is written)")
     parser.add_argument("--token", default=None, metavar="T",
-                        help="the secret actions need (default: the one kept in the run dir, else a new one)")
+                        help="the secret every request must bring, at least 16 characters, never stored (default: "
+                        "the one kept in the run dir's ui_token, else a new one kept there; with --read-only a new "
+                        "one for this run)")
+    parser.add_argument("--no-token", action="store_true",
+                        help="INSECURE: check no token, so every user and program of this machine can read the "
+                        "dashboard and act on it (loopback hosts only)")
     parser.set_defaults(handler=_ui)
 
 
@@ -33,8 +39,8 @@ def _ui(args: argparse.Namespace) -> int:
     store = _common.open_store(args)  # a clear error for a missing run dir or store
     store.close()
     try:
-        serve(store.path, host=args.host, port=args.port, token=args.token, read_only=args.read_only,
-              say=lambda line: print(line, flush=True))
+        serve(store.path, host=args.host, port=args.port, token=args.token, no_token=args.no_token,
+              read_only=args.read_only, say=lambda line: print(line, flush=True))
     except (ValueError, OSError) as exc:
         raise _common.CliError(str(exc)) from None
     except KeyboardInterrupt:

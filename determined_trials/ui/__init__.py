@@ -1,8 +1,9 @@
 """The local web dashboard, ``det-trials ui``: a Starlette app over a run folder's store (experiments, trials,
 charts, checkpoints, logs; pause, continue and kill) and the JSON API its page uses (docs/ui.md).
 
-Owns the app and its routes (``_app``), the JSON the API answers (``_data``), downsampling series
-(``_downsample``), the token and serving with uvicorn (``_server``) and the page's files (``static/``).
+Owns the app and its routes (``_app``), who may ask (``_auth``: Host and Origin checks, the token as bearer or
+cookie), the JSON the API answers (``_data``), downsampling series (``_downsample``), the token file and serving
+with uvicorn (``_server``) and the page's files (``static/``).
 
 ``core`` and ``core.store`` for reads, ``experiment`` for the three actions. Only ``cli`` imports it, and
 only when ``det-trials ui`` runs (starlette and uvicorn are the ``ui`` extra).
@@ -11,6 +12,7 @@ May import: errors, _format, config, core, core.store, experiment
 """
 
 from determined_trials.ui._app import UiSettings, create_app
-from determined_trials.ui._server import TOKEN_FILE, is_loopback, load_or_create_token, serve
+from determined_trials.ui._server import MIN_TOKEN_LENGTH, TOKEN_FILE, is_loopback, load_or_create_token, serve
 
-__all__ = ["TOKEN_FILE", "UiSettings", "create_app", "is_loopback", "load_or_create_token", "serve"]
+__all__ = ["MIN_TOKEN_LENGTH", "TOKEN_FILE", "UiSettings", "create_app", "is_loopback", "load_or_create_token",
+           "serve"]

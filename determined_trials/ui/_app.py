@@ -1,12 +1,10 @@
 """The Starlette app: the three pages (one HTML shell whose script draws them), the JSON API under /api/v1,
-the package's static files, and who may do what (loopback hosts, the bearer token, read-only)."""
+the package's static files and read-only; who may ask at all is ``_auth.TokenGate``'s."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hmac
-import html
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,18 +16,17 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from determined_trials.core.store._local import LocalStore, NotFoundError
 from determined_trials.experiment._control import activate_experiment, kill_experiment, pause_experiment
 from determined_trials.experiment._errors import ExperimentError
 from determined_trials.ui import _data
+from determined_trials.ui._auth import TokenGate
 
 __all__ = ["STATIC_DIR", "UiSettings", "create_app"]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_POINTS_LIMIT = 20_000
-_LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]", "::1")
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
         "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 _ACTIONS: dict[str, Callable[[LocalStore, int], Any]] = {
@@ -37,15 +34,16 @@ _ACTIONS: dict[str, Callable[[LocalStore, int], Any]] = {
 }
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+_MAX_ID = 2**63 - 1  # SQLite's largest integer: a larger id is no row (and no OverflowError)
 
 
 @dataclasses.dataclass(frozen=True)
 class UiSettings:
-    """How the app serves: the run folder, the token POSTs need, read-only, and whether the server listens on
-    loopback only (then the page gets the token; otherwise every request must bring it)."""
+    """How the app serves: the run folder, the token every request brings (None: ``--no-token``, no check),
+    read-only, and whether the server listens on loopback only (then Host headers must name this machine)."""
 
     run_dir: Path
-    token: str
+    token: str | None
     read_only: bool = False
     loopback: bool = True
 
@@ -60,38 +58,6 @@ def _json(data: Any, status: int = 200) -> Response:
     body = json.dumps(data, allow_nan=False, separators=(",", ":"))
     return Response(body, status_code=status, media_type="application/json",
                     headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
-
-
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-
-
-def _same(given: str | None, token: str) -> bool:
-    return given is not None and hmac.compare_digest(given.encode(), token.encode())
-
-
-def _host_is_loopback(request: Request) -> bool:
-    """The Host header names this machine (a page reached through another name, e.g. DNS rebinding, is not)."""
-    host = request.headers.get("host", "")
-    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-    return name in _LOOPBACK_NAMES
-
-
-class _LoopbackHostOnly:
-    """On loopback, refuse requests whose Host header names another machine: a web page whose own name was
-    pointed at 127.0.0.1 (DNS rebinding) would otherwise be same-origin with the dashboard."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not _host_is_loopback(Request(scope)):
-            response = _json({"error": "this dashboard answers to 127.0.0.1, localhost or [::1] only"}, 421)
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
@@ -118,14 +84,13 @@ def create_app(settings: UiSettings) -> Starlette:
     """The dashboard app over ``settings.run_dir``'s store (which must exist)."""
     store = LocalStore(settings.run_dir, create=False)
     shell = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+    body = shell.replace("{{READ_ONLY}}", "1" if settings.read_only else "0")
 
     def api(handler: Callable[[Request], Any]) -> Endpoint:
-        """A GET endpoint: checks who asks, runs ``handler`` in a worker thread, answers JSON errors."""
+        """A GET endpoint: runs ``handler`` in a worker thread, answers JSON errors."""
 
         @functools.wraps(handler)
         async def endpoint(request: Request) -> Response:
-            if not settings.loopback and not _same(_bearer(request), settings.token):
-                return _json({"error": "unauthorized: send Authorization: Bearer <token>"}, 401)
             try:
                 return _json(await run_in_threadpool(handler, request))
             except _ApiError as exc:
@@ -135,19 +100,21 @@ def create_app(settings: UiSettings) -> Starlette:
 
         return endpoint
 
-    def ident(request: Request, name: str) -> int:
-        return int(request.path_params[name])
+    def ident(request: Request, kind: str) -> int:
+        """The id in the path; one beyond SQLite's integers is unknown, as any other id the store lacks."""
+        value = int(request.path_params["id"])
+        if value > _MAX_ID:
+            raise store._not_found(kind, value)
+        return value
 
     async def action(request: Request) -> Response:
         if settings.read_only:
             return _json({"error": "read-only dashboard (started with --read-only)"}, 403)
-        if not _same(_bearer(request), settings.token):
-            return _json({"error": "unauthorized: send Authorization: Bearer <token>"}, 401)
         name = request.path_params["action"]
         if name not in _ACTIONS:
             return _json({"error": f"unknown action {name!r}: pause, activate or kill"}, 404)
-        experiment_id = ident(request, "id")
         try:
+            experiment_id = ident(request, "experiment")
             await run_in_threadpool(_ACTIONS[name], store, experiment_id)
             return _json({"experiment_id": experiment_id, "action": name,
                           "state": (await run_in_threadpool(store.experiment, experiment_id)).state})
@@ -157,13 +124,6 @@ def create_app(settings: UiSettings) -> Starlette:
             return _json({"error": str(exc)}, 409)
 
     async def page(request: Request) -> Response:
-        given = request.query_params.get("token")
-        if not settings.loopback and not _same(given, settings.token):
-            return HTMLResponse("<!doctype html><title>det-trials ui</title><p>Open the address "
-                                "<code>det-trials ui</code> printed: it carries the token.</p>", 401)
-        share = settings.loopback or _same(given, settings.token)
-        body = shell.replace("{{TOKEN}}", html.escape(settings.token if share else "", quote=True))
-        body = body.replace("{{READ_ONLY}}", "1" if settings.read_only else "0")
         return HTMLResponse(body, headers={"Content-Security-Policy": _CSP, "Cache-Control": "no-store",
                                            "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff"})
 
@@ -175,30 +135,30 @@ def create_app(settings: UiSettings) -> Starlette:
         Route("/experiments/{id:int}", page),
         Route("/trials/{id:int}", page),
         Route("/api/v1/experiments", api(lambda r: {"experiments": _data.experiments(store)})),
-        Route("/api/v1/experiments/{id:int}", api(lambda r: _data.experiment(store, ident(r, "id")))),
-        Route("/api/v1/experiments/{id:int}/trials", api(lambda r: _data.trials(store, ident(r, "id")))),
-        Route("/api/v1/experiments/{id:int}/metrics", api(lambda r: _experiment_metric(store, r))),
+        Route("/api/v1/experiments/{id:int}", api(lambda r: _data.experiment(store, ident(r, "experiment")))),
+        Route("/api/v1/experiments/{id:int}/trials", api(lambda r: _data.trials(store, ident(r, "experiment")))),
+        Route("/api/v1/experiments/{id:int}/metrics",
+              api(lambda r: _experiment_metric(store, r, ident(r, "experiment")))),
         Route("/api/v1/experiments/{id:int}/{action:str}", action, methods=["POST"]),
-        Route("/api/v1/trials/{id:int}", api(lambda r: _data.trial(store, ident(r, "id")))),
+        Route("/api/v1/trials/{id:int}", api(lambda r: _data.trial(store, ident(r, "trial")))),
         Route("/api/v1/trials/{id:int}/metrics", api(lambda r: _data.trial_metrics(
-            store, ident(r, "id"), _group(r), _int_param(r, "max_points", 1000, 2, MAX_POINTS_LIMIT)))),
+            store, ident(r, "trial"), _group(r), _int_param(r, "max_points", 1000, 2, MAX_POINTS_LIMIT)))),
         Route("/api/v1/trials/{id:int}/checkpoints",
-              api(lambda r: {"trial_id": ident(r, "id"), "checkpoints": _data.checkpoints(store, ident(r, "id"))})),
+              api(lambda r: {"trial_id": ident(r, "trial"),
+                             "checkpoints": _data.checkpoints(store, ident(r, "trial"))})),
         Route("/api/v1/trials/{id:int}/logs", api(lambda r: _data.log_tail(
-            store, ident(r, "id"), _int_param(r, "tail", 200, 0, _data.MAX_LOG_LINES)))),
+            store, ident(r, "trial"), _int_param(r, "tail", 200, 0, _data.MAX_LOG_LINES)))),
         Route("/api/{rest:path}", not_found, methods=["GET", "POST"]),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR, follow_symlink=False), name="static"),
     ]
     app = Starlette(routes=routes)
-    if settings.loopback:
-        app.add_middleware(_LoopbackHostOnly)
+    app.add_middleware(TokenGate, token=settings.token, loopback=settings.loopback)
     app.state.settings = settings
     app.state.store = store
     return app
 
 
-def _experiment_metric(store: LocalStore, request: Request) -> dict[str, Any]:
-    experiment_id = int(request.path_params["id"])
+def _experiment_metric(store: LocalStore, request: Request, experiment_id: int) -> dict[str, Any]:
     metric = request.query_params.get("metric")
     if not metric:
         raise _ApiError(400, "metric is required (e.g. ?group=validation&metric=loss)")

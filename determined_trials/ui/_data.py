@@ -7,6 +7,7 @@ import itertools
 import math
 import operator
 import os
+import stat
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -192,19 +193,38 @@ def checkpoints(store: LocalStore, trial_id: int) -> list[dict[str, Any]]:
     return [_checkpoint_dict(c) for c in store.checkpoints(trial_id=trial_id, include_deleted=True)]
 
 
-def log_path(run_dir: Path, experiment_id: int, trial_id: int) -> Path:
-    """Where the experiment runner keeps a trial's output (as ``det-trials trial logs`` reads it)."""
-    return run_dir / "experiments" / str(experiment_id) / f"trial_{trial_id}.log"
+def _open_log(run_dir: Path, experiment_id: int, trial_id: int) -> int | None:
+    """A descriptor of the trial's log, opened from the run folder down without following any symbolic link
+    (a link, e.g. to a file only root may read, or anything but a regular file is no log: None)."""
+    nofollow = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    for name, last in (("experiments", False), (str(experiment_id), False), (f"trial_{trial_id}.log", True)):
+        try:
+            inner = os.open(name, nofollow | (0 if last else os.O_DIRECTORY), dir_fd=fd)
+        except OSError:  # missing, a link (ELOOP, ENOTDIR) or unreadable
+            inner = -1
+        os.close(fd)
+        if inner < 0:
+            return None
+        fd = inner
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
 
 
 def log_tail(store: LocalStore, trial_id: int, tail: int) -> dict[str, Any]:
-    """The last ``tail`` lines of the trial's log (``available`` is false for a plain script's trial)."""
+    """The last ``tail`` lines of the trial's log (``available`` is false for a plain script's trial, and for a
+    log that is a symbolic link or not a regular file: it is never followed)."""
     t = store.trial(trial_id)
-    path = log_path(store.path, t.experiment_id, t.id)
     tail = max(0, min(int(tail), MAX_LOG_LINES))
-    if not path.is_file():
+    fd = _open_log(store.path, t.experiment_id, t.id)
+    if fd is None:
         return {"trial_id": t.id, "available": False, "lines": []}
-    with open(path, "rb") as log:
+    with os.fdopen(fd, "rb") as log:
         end = log.seek(0, os.SEEK_END)
         start, data = end, b""
         while start > 0 and data.count(b"\n") <= tail and end - start < _LOG_MAX_BYTES:

@@ -9,13 +9,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from determined_trials.core import LocalStore
 
-__all__ = ["EVIL", "make_big_store", "make_store", "running_ui"]
+__all__ = ["EVIL", "login_url", "make_big_store", "make_store", "running_ui"]
 
 EVIL = '<img src=x onerror="window.__pwned=1">'
 
@@ -71,13 +71,20 @@ def make_big_store(run_dir: Path, *, trials: int = 200, training_rows: int = 4_5
     store.close()
 
 
+def login_url(base: str, token: str, path: str = "/") -> str:
+    """The address `det-trials ui` prints (with its token once) for ``path``."""
+    return f"{base}{path}?token={token}" if token else f"{base}{path}"
+
+
 @contextmanager
-def running_ui(run_dir: Path, *extra: str) -> Iterator[tuple[str, str]]:
-    """`det-trials ui --port 0` in a process of its own; yields (base URL, token) and stops it afterwards."""
+def running_ui(run_dir: Path, *extra: str, as_user: Sequence[str] = ()) -> Iterator[tuple[str, str]]:
+    """`det-trials ui --port 0` in a process of its own (run through ``as_user``, e.g. a `setpriv` command line,
+    when given); yields (base URL, token: "" with --no-token) and stops it afterwards. A browser opens
+    `login_url(base, token)` first: the server answers it with the token's cookie."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "determined_trials.cli.main", "ui", "--run-dir", str(run_dir),
-                             "--port", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen([*as_user, sys.executable, "-m", "determined_trials.cli.main", "ui", "--run-dir",
+                             str(run_dir), "--port", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
     try:
         assert proc.stdout is not None
         lines: list[str] = []
@@ -88,10 +95,10 @@ def running_ui(run_dir: Path, *extra: str) -> Iterator[tuple[str, str]]:
                 break
             lines.append(line)
         text = "".join(lines)
-        url = re.search(r"at (http://\S+?/)(\?token=\S+)?\s", text)
-        token = re.search(r"token (\S+) \(kept", text)
-        assert url and token, f"det-trials ui did not start: {text}{proc.stdout.read().decode() if proc.poll() else ''}"
-        yield url.group(1).rstrip("/"), token.group(1)
+        url = re.search(r"at (http://\S+?/)(?:\?token=(\S+))?\s", text)
+        assert url and len(lines) == 2, \
+            f"det-trials ui did not start: {text}{proc.stdout.read().decode() if proc.poll() is not None else ''}"
+        yield url.group(1).rstrip("/"), url.group(2) or ""
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)

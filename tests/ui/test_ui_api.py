@@ -1,5 +1,6 @@
 """The dashboard's JSON API (Starlette's TestClient, and `det-trials ui` as a real server): every endpoint,
-unknown ids, downsampling, the token, read-only, non-loopback hosts and paths outside the static folder."""
+unknown ids, downsampling, the token, read-only, non-loopback hosts and paths outside the static folder
+(test_ui_security.py: the cookie, symbolic links, weak tokens, read-only without writes, huge ids)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from determined_trials.ui._downsample import keep_indices  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
 
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-0123456789"
 LOCAL = "http://127.0.0.1:8080"
 
 
@@ -39,12 +40,14 @@ def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"
 
 
-def _client(run_dir: Path, *, read_only: bool = False, loopback: bool = True, base: str = LOCAL) -> TestClient:
-    app = create_app(UiSettings(run_dir=run_dir, token=TOKEN, read_only=read_only, loopback=loopback))
-    return TestClient(app, base_url=base)
-
-
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _client(run_dir: Path, *, read_only: bool = False, loopback: bool = True, base: str = LOCAL,
+            auth: bool = True) -> TestClient:
+    """A client of the app; with ``auth`` every request brings the token (as API clients send it)."""
+    app = create_app(UiSettings(run_dir=run_dir, token=TOKEN, read_only=read_only, loopback=loopback))
+    return TestClient(app, base_url=base, headers=AUTH if auth else None)
 
 
 def test_experiments_list_and_one_experiment(run_dir: Path) -> None:
@@ -171,7 +174,7 @@ def test_unknown_ids_and_paths_are_json_404s(run_dir: Path, path: str) -> None:
 
 
 def test_posts_need_the_token(run_dir: Path) -> None:
-    client = _client(run_dir)
+    client = _client(run_dir, auth=False)
     assert client.post("/api/v1/experiments/1/kill").status_code == 401
     assert client.post("/api/v1/experiments/1/kill", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert client.post("/api/v1/experiments/1/kill", headers={"Authorization": TOKEN}).status_code == 401
@@ -200,12 +203,12 @@ def test_actions_answer_with_the_state_or_a_conflict(run_dir: Path) -> None:
     assert client.post("/api/v1/experiments/1/kill", headers=AUTH).status_code == 409
 
 
-def test_the_page_gets_the_token_on_loopback_only(run_dir: Path) -> None:
+def test_the_page_never_carries_the_token(run_dir: Path) -> None:
     page = _client(run_dir).get("/experiments/1")
-    assert page.status_code == 200 and f'content="{TOKEN}"' in page.text
+    assert page.status_code == 200 and TOKEN not in page.text and "det-ui-token" not in page.text
     assert "script-src 'self'" in page.headers["content-security-policy"]
     for base in ("http://localhost:8080", "http://[::1]:9000", "http://127.0.0.1"):
-        assert f'content="{TOKEN}"' in _client(run_dir, base=base).get("/").text
+        assert TOKEN not in _client(run_dir, base=base).get("/").text
 
 
 @pytest.mark.parametrize("path", ["/", "/experiments/1", f"/?token={TOKEN}", "/api/v1/experiments", "/static/app.js"])
@@ -214,16 +217,22 @@ def test_on_loopback_other_host_names_are_refused(run_dir: Path, path: str) -> N
     for base in ("http://evil.example:8080", "http://evil.example", "http://127.0.0.1.evil.example:8080"):
         response = _client(run_dir, base=base).get(path)
         assert response.status_code == 421 and TOKEN not in response.text
+    for host in ("127.0.0.1:8765@evil.com", "localhost:evil", "localhost:", "127.0.0.1:99999", "[::1]x",
+                 "localhost:80:80", "localhost evil", ""):
+        response = _client(run_dir).get(path, headers={"Host": host})
+        assert response.status_code == 421 and TOKEN not in response.text, host
     response = _client(run_dir, base="http://evil.example:8080").post("/api/v1/experiments/1/kill", headers=AUTH)
     assert response.status_code == 421 and LocalStore(run_dir).experiment(1).state == "ACTIVE"
 
 
 def test_a_non_loopback_server_wants_the_token_everywhere(run_dir: Path) -> None:
-    client = _client(run_dir, loopback=False, base="http://10.1.2.3:8080")
+    client = _client(run_dir, loopback=False, base="http://10.1.2.3:8080", auth=False)
     assert client.get("/").status_code == 401 and TOKEN not in client.get("/").text
     assert client.get("/api/v1/experiments").status_code == 401
     assert client.get("/api/v1/experiments", headers=AUTH).status_code == 200
-    assert f'content="{TOKEN}"' in client.get(f"/trials/1?token={TOKEN}").text
+    assert client.get("/static/app.js").status_code == 401
+    page = client.get(f"/trials/1?token={TOKEN}")  # follows the redirect, with the cookie it set
+    assert page.status_code == 200 and str(page.url) == "http://10.1.2.3:8080/trials/1" and TOKEN not in page.text
     assert client.get("/static/app.js").status_code == 200
 
 
@@ -249,8 +258,9 @@ def test_the_token_file_is_private(tmp_path: Path) -> None:
     token = load_or_create_token(tmp_path)
     path = tmp_path / TOKEN_FILE
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and path.read_text().strip() == token
-    assert load_or_create_token(tmp_path) == token
-    assert load_or_create_token(tmp_path, "given") == "given" and path.read_text().strip() == "given"
+    assert load_or_create_token(tmp_path) == token and len(token) >= 32
+    path.chmod(0o644)
+    assert load_or_create_token(tmp_path) == token and stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
 @pytest.mark.parametrize("path", [
@@ -260,7 +270,7 @@ def test_the_token_file_is_private(tmp_path: Path) -> None:
     "/static/", "/static",
 ])
 def test_nothing_outside_the_static_folder_is_served(run_dir: Path, path: str) -> None:
-    load_or_create_token(run_dir, TOKEN)
+    (run_dir / TOKEN_FILE).write_text(TOKEN + "\n")
     response = _client(run_dir).get(path)
     assert response.status_code in (404, 405), (path, response.status_code)
     assert TOKEN not in response.text and "SQLite" not in response.text and "import" not in response.text
@@ -269,7 +279,8 @@ def test_nothing_outside_the_static_folder_is_served(run_dir: Path, path: str) -
 def test_the_real_server_prints_its_address_and_serves(run_dir: Path) -> None:
     with running_ui(run_dir) as (base, token):
         assert base.startswith("http://127.0.0.1:")
-        with urllib.request.urlopen(base + "/api/v1/experiments", timeout=10) as response:
+        read = urllib.request.Request(base + "/api/v1/experiments", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(read, timeout=10) as response:
             assert json.load(response)["experiments"][0]["name"] == "demo"
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(urllib.request.Request(base + "/api/v1/experiments/1/kill", method="POST"),

@@ -24,7 +24,7 @@ pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is no
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
 from helpers_experiment import start_runner  # noqa: E402
-from helpers_ui import EVIL, make_store, running_ui  # noqa: E402
+from helpers_ui import EVIL, login_url, make_store, running_ui  # noqa: E402
 
 from determined_trials.core import LocalStore  # noqa: E402
 from determined_trials.core.store._owner import owner_alive  # noqa: E402
@@ -123,8 +123,8 @@ def test_a_running_experiment_live_pause_continue_kill(tmp_path: Path, watched: 
     runner = start_runner(run_dir, config, ctx, tmp_path / "runner.out")
     page = watched.page
     try:
-        with running_ui(run_dir) as (base, _token):
-            page.goto(base + "/")
+        with running_ui(run_dir) as (base, token):
+            page.goto(login_url(base, token, "/"))
             page.wait_for_selector('#experiments tbody tr[data-id="1"] td[data-col="name"]:has-text("ui-live")')
             assert "ACTIVE" in str(page.text_content('#experiments tbody tr[data-id="1"]'))
             assert LocalStore(run_dir).experiment_owner(1) is not None
@@ -220,8 +220,8 @@ def test_a_plain_core_api_script(tmp_path: Path, watched: Watched) -> None:
     subprocess.run([sys.executable, "-c", textwrap.dedent(CORE_SCRIPT.format(run_dir=str(run_dir)))], check=True,
                    timeout=120)
     page = watched.page
-    with running_ui(run_dir) as (base, _token):
-        page.goto(base + "/")
+    with running_ui(run_dir) as (base, token):
+        page.goto(login_url(base, token, "/"))
         page.wait_for_selector('#experiments tbody tr[data-id="1"]')
         page.goto(base + "/experiments/1")
         page.wait_for_selector('#trials tbody tr[data-id="1"]')
@@ -236,8 +236,8 @@ def test_a_plain_core_api_script(tmp_path: Path, watched: Watched) -> None:
         page.wait_for_selector("#chart-training polyline")
         page.wait_for_function("document.querySelector('#logs').textContent.includes('No log')")
         watched.assert_same_origin(base)
-    with running_ui(run_dir, "--read-only") as (base, _token):
-        page.goto(base + "/experiments/1")
+    with running_ui(run_dir, "--read-only") as (base, token):
+        page.goto(login_url(base, token, "/experiments/1"))
         page.wait_for_selector("#no-actions:has-text('read-only')")
         assert page.query_selector("#kill") is None
 
@@ -254,10 +254,10 @@ def test_html_in_names_values_and_logs_is_shown_as_text(tmp_path: Path, watched:
     log.parent.mkdir(parents=True)
     log.write_text(f"{EVIL}\n<script>window.__pwned=2</script>\n")
     page = watched.page
-    with running_ui(run_dir) as (base, _token):
+    with running_ui(run_dir) as (base, token):
         for path, ready in (("/", "#experiments tbody tr"), ("/experiments/1", "#trials tbody tr"),
                             ("/trials/1", "#checkpoints tbody tr")):
-            page.goto(base + path)
+            page.goto(login_url(base, token, path))
             page.wait_for_selector(ready)
             page.wait_for_timeout(500)
             assert page.evaluate("window.__pwned") is None
@@ -283,11 +283,11 @@ def test_screenshots_of_the_three_pages(tmp_path: Path, watched: Watched) -> Non
     log.parent.mkdir(parents=True)
     log.write_text("".join(f"[rank=0] step {s}: loss={1.0 / s:.4f}\n" for s in range(1, 401)))
     page = watched.page
-    with running_ui(run_dir) as (base, _token):
+    with running_ui(run_dir) as (base, token):
         for path, ready, name in (("/", "#experiments tbody tr", "ui-experiments.png"),
                                   ("/experiments/1", "#hp-parallel svg", "ui-experiment.png"),
                                   ("/trials/2", "#chart-validation polyline", "ui-trial.png")):
-            page.goto(base + path)
+            page.goto(login_url(base, token, path))
             page.wait_for_selector(ready)
             page.wait_for_timeout(300)
             page.screenshot(path=str(out / name), full_page=True)
@@ -302,8 +302,8 @@ def test_sorting_the_trials_table_and_an_unknown_id(tmp_path: Path, watched: Wat
     store.close()
     page = watched.page
     order = "rows => rows.map(r => Number(r.dataset.id))"
-    with running_ui(run_dir) as (base, _token):
-        page.goto(base + "/experiments/1")
+    with running_ui(run_dir) as (base, token):
+        page.goto(login_url(base, token, "/experiments/1"))
         page.wait_for_selector('#trials tbody tr[data-id="5"]')
         assert page.eval_on_selector_all("#trials tbody tr", order) == [1, 2, 3, 4, 5]
         page.click('#trials th[data-key="best"]')

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
 
-from helpers_ui import make_big_store, running_ui  # noqa: E402
+from helpers_ui import login_url, make_big_store, running_ui  # noqa: E402
 
 from determined_trials.ui import UiSettings, create_app  # noqa: E402
 
@@ -45,7 +45,9 @@ CALLS = [
 
 
 def test_every_api_call_answers_within_a_second(big_run: Path) -> None:
-    client = TestClient(create_app(UiSettings(run_dir=big_run, token="t")), base_url="http://127.0.0.1:8080")
+    token = "scale-test-token-0123456789"
+    client = TestClient(create_app(UiSettings(run_dir=big_run, token=token)), base_url="http://127.0.0.1:8080",
+                        headers={"Authorization": f"Bearer {token}"})
     timings = {}
     for path in CALLS:
         client.get(path)  # the first call warms SQLite's page cache, as a page's first poll does
@@ -70,11 +72,11 @@ def test_the_experiment_page_is_drawn_within_three_seconds(big_run: Path) -> Non
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("chromium is not installed and `make browser` could not install it (apt-get install chromium)")
-    with running_ui(big_run) as (base, _token), sync_api.sync_playwright() as playwright:
+    with running_ui(big_run) as (base, token), sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
         try:
             page = browser.new_page(viewport={"width": 1300, "height": 900}, bypass_csp=True)
-            page.goto(base + "/")  # the browser itself started and warm, as a user's is
+            page.goto(login_url(base, token))  # the browser itself started and warm, as a user's is
             page.wait_for_selector("#experiments tbody tr")
             drawn = []
             for _ in range(2):  # the best of two, for the same reason as above

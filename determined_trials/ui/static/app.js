@@ -4,9 +4,7 @@
 (function () {
   const POLL_MS = 1500;
   const meta = (name) => (document.querySelector('meta[name="' + name + '"]') || {}).content || "";
-  const TOKEN = meta("det-ui-token");
   const READ_ONLY = meta("det-ui-read-only") === "1";
-  const URL_TOKEN = new URLSearchParams(location.search).get("token");
   const C = window.DetCharts;
 
   function el(tag, props, ...children) {
@@ -25,13 +23,9 @@
     return node;
   }
 
-  function href(path) {
-    return URL_TOKEN ? path + "?token=" + encodeURIComponent(URL_TOKEN) : path;
-  }
-
+  /* The server's HttpOnly cookie (set when the printed ?token= address was opened) authenticates every request. */
   async function request(method, path) {
-    const headers = TOKEN ? { Authorization: "Bearer " + TOKEN } : {};
-    const response = await fetch(path, { method: method, headers: headers, cache: "no-store" });
+    const response = await fetch(path, { method: method, credentials: "same-origin", cache: "no-store" });
     const body = await response.json().catch(() => ({}));
     if (!response.ok) {
       const err = new Error(body.error || response.status + " " + response.statusText);
@@ -147,8 +141,8 @@
       const data = await api("/api/v1/experiments");
       empty.textContent = data.experiments.length ? "" : "No experiments in this run folder yet.";
       tbody.replaceChildren(...data.experiments.map((e) => el("tr", { "data-id": e.id },
-        el("td", {}, el("a", { href: href("/experiments/" + e.id) }, String(e.id))),
-        el("td", { "data-col": "name" }, el("a", { href: href("/experiments/" + e.id) }, e.name)),
+        el("td", {}, el("a", { href: "/experiments/" + e.id }, String(e.id))),
+        el("td", { "data-col": "name" }, el("a", { href: "/experiments/" + e.id }, e.name)),
         el("td", {}, stateBadge(e.state)),
         el("td", {}, progressBar(e.progress)),
         el("td", {}, e.searcher.metric ? e.searcher.metric + " = " + fmtNum(e.best_metric) : ""),
@@ -180,8 +174,8 @@
       activate: el("button", { id: "activate", onclick: () => run("activate") }, "Continue"),
       kill: el("button", { id: "kill", class: "danger", onclick: () => run("kill") }, "Kill"),
     };
-    if (READ_ONLY || !TOKEN) {
-      bar.append(el("span", { class: "muted", id: "no-actions" }, READ_ONLY ? "read-only: no actions" : "open the address with its token to act"));
+    if (READ_ONLY) {
+      bar.append(el("span", { class: "muted", id: "no-actions" }, "read-only: no actions"));
     } else {
       bar.append(buttons.pause, buttons.activate, buttons.kill, msg);
     }
@@ -282,7 +276,7 @@
       const [e, t] = await Promise.all([api("/api/v1/experiments/" + id), api("/api/v1/experiments/" + id + "/trials")]);
       exp = e;
       title.textContent = "Experiment " + e.id + ": " + e.name;
-      crumbs(el("a", { href: href("/") }, "Experiments"), el("span", {}, "› " + e.id));
+      crumbs(el("a", { href: "/" }, "Experiments"), el("span", {}, "› " + e.id));
       summary.replaceChildren(
         stateBadge(e.state), progressBar(e.progress, "exp-progress"),
         el("span", { id: "best" }, e.searcher.metric ? "best " + e.searcher.metric + ": " + fmtNum(e.best_metric) : ""),
@@ -295,7 +289,7 @@
         hpNames = names;
         const metric = t.searcher.metric || "metric";
         const columns = [
-          { key: "id", title: "Trial", value: (r) => r.id, cell: (r) => el("a", { href: href("/trials/" + r.id) }, String(r.id)) },
+          { key: "id", title: "Trial", value: (r) => r.id, cell: (r) => el("a", { href: "/trials/" + r.id }, String(r.id)) },
           { key: "state", title: "State", value: (r) => r.state, cell: (r) => stateBadge(r.state) },
         ].concat(names.map((n) => ({ key: "hp:" + n, title: n, value: (r) => flatten(r.hparams, "", {})[n], cell: (r) => fmtNum(flatten(r.hparams, "", {})[n]) })), [
           { key: "batches", title: "Batches", value: (r) => r.batches, cell: (r) => fmtNum(r.batches) },
@@ -353,8 +347,8 @@
       const [t, c, l] = await Promise.all([api("/api/v1/trials/" + id), api("/api/v1/trials/" + id + "/checkpoints"),
         api("/api/v1/trials/" + id + "/logs?tail=200")]);
       title.textContent = "Trial " + t.id;
-      crumbs(el("a", { href: href("/") }, "Experiments"),
-        el("a", { href: href("/experiments/" + t.experiment_id) }, "› " + t.experiment_id + " " + t.experiment_name),
+      crumbs(el("a", { href: "/" }, "Experiments"),
+        el("a", { href: "/experiments/" + t.experiment_id }, "› " + t.experiment_id + " " + t.experiment_name),
         el("span", {}, "› trial " + t.id));
       const rows = [["State", stateBadge(t.state)], ["Status", t.status || ""], ["Batches", fmtNum(t.batches)],
         ["Progress", progressBar(t.state === "COMPLETED" ? 1 : t.progress, "trial-progress")],
