@@ -103,13 +103,13 @@ def _mlp(args: argparse.Namespace) -> Any:
 # -- the raw loop ------------------------------------------------------------------------------
 
 
-def _raw_validate(model: Any, loader: Any) -> float:
+def _raw_validate(model: Any, loader: Any, device: str) -> float:
     import torch
     from torch import nn
 
     model.eval()
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    correct = torch.zeros((), dtype=torch.float64)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # where the batches' losses are
+    correct = torch.zeros((), dtype=torch.float64, device=device)
     with torch.no_grad():
         for x, y in loader:
             logits = model(x)
@@ -157,7 +157,7 @@ def _raw_train(args: argparse.Namespace, ckpt: bool, out_dir: Path, train_data: 
                 reported = torch.stack(losses).mean().item()
                 losses = []
             if batches % args.period == 0 or batches == args.batches:
-                accuracy = _raw_validate(model, val_loader)
+                accuracy = _raw_validate(model, val_loader, args.device)
             if ckpt and batches % args.period == 0:
                 state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
                 torch.save(state, out_dir / f"ckpt-{batches}.pth")

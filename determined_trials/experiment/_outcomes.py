@@ -3,6 +3,7 @@ it after a failure (within ``max_restarts``), requeue it after a preemption or p
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from determined_trials.core.store import RunState
@@ -10,7 +11,11 @@ from determined_trials.experiment._reported import metric_from_validations, miss
 from determined_trials.experiment._runner_state import RunnerState, RunningTrial, Work
 from determined_trials.launch import PREEMPTED_EXIT_CODE
 
-__all__ = ["TrialOutcomes"]
+__all__ = ["TrialOutcomes", "killed_from_outside"]
+
+# Signals sent from outside the trial (an OOM killer, a node agent, a person): a death by one says nothing
+# about the trial's code. A crash the process brings on itself (SIGSEGV, SIGABRT, SIGBUS, ...) does.
+_OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 class TrialOutcomes(RunnerState):
@@ -72,7 +77,7 @@ class TrialOutcomes(RunnerState):
         limit = self._config.max_restarts
         previous = self.store.trial(trial_id)
         before, self._last_failure[trial_id] = self._last_failure.get(trial_id), reason
-        if _same_failure(before, reason) and not self._reported_anything(trial_id):
+        if not killed_from_outside(code) and _same_failure(before, reason) and not self._reported_anything(trial_id):
             self.store.set_trial_state(trial_id, RunState.ERROR, reason)
             self._failure = f"trial {trial_id} failed twice the same way before reporting anything: {reason}"
             self._say(f"trial {trial_id} failed again the same way before its first report: not restarting it")
@@ -114,6 +119,14 @@ class TrialOutcomes(RunnerState):
                 del self._ended_by_searcher[trial_id]
                 self.store.set_trial_state(trial_id, RunState.ACTIVE)
                 self._queue.insert(0, work)
+
+
+def killed_from_outside(code: int) -> bool:
+    """Whether a trial process's exit status ``code`` is a death by an outside signal: ``-N`` (the process
+    itself killed by signal N) or ``128 + N`` (a launcher's or shell's status for a rank or child killed
+    by N). Such a failure counts against ``max_restarts`` only, never as "the same failure twice"."""
+    number = -code if code < 0 else code - 128
+    return number in _OUTSIDE_SIGNALS
 
 
 def _same_failure(before: str | None, now: str) -> bool:

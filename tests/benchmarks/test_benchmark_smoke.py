@@ -1,11 +1,18 @@
-"""Smoke test of ``benchmarks/overhead.py --quick``: it runs end to end and prints its ratio lines (no timing checks)."""
+"""Smoke tests of the benchmarks' ``--quick`` runs: each runs end to end and prints its ratio lines (no timing
+checks); and their GPU code paths keep every tensor on ``--device`` (checked on the ``meta`` device)."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import re
 import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
+import torch
+from helpers_device_check import DeviceMixError, SameDevice, on_the_meta_device
 from helpers_group_run import run_in_group
 from helpers_paths import REPO
 
@@ -58,3 +65,47 @@ def test_fsdp_benchmark_quick_run_prints_its_ratios() -> None:
     assert re.search(r"^held / synchronous dcp.save \(median of per-round ratios\): \d+\.\d+$", proc.stdout,
                      re.MULTILINE), proc.stdout
     assert re.search(r"FSDP2 / DDP \(median of per-round ratios\): \d+\.\d+$", proc.stdout, re.MULTILINE), proc.stdout
+
+
+# -- every tensor on the device ----------------------------------------------------------------------
+
+
+def _benchmark(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    return importlib.import_module(name)
+
+
+def test_the_device_check_fails_an_op_that_mixes_host_and_device_tensors() -> None:
+    host, device = torch.zeros(()), torch.ones((), device="meta")
+    with SameDevice():
+        with pytest.raises(DeviceMixError, match=r"got tensors on \['cpu', 'meta'\]"):
+            host += device  # what the raw loop's validation did on CUDA
+        with pytest.raises(DeviceMixError):
+            torch.nn.functional.linear(torch.zeros(2, 3), torch.zeros(4, 3, device="meta"))
+        assert (device * 2).item() == 0 and device.cpu().device.type == "cpu"  # reads and transfers pass
+
+
+def test_the_overhead_benchmarks_loops_keep_every_tensor_on_the_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    overhead = _benchmark("overhead", monkeypatch)
+    parser = argparse.ArgumentParser()
+    overhead.add_shape_arguments(parser)
+    args = parser.parse_args(["--batches", "12", "--period", "6", "--report", "4", "--variant"])
+    args.device = "meta"  # what --device cuda does, with a device that is not the default one
+    with on_the_meta_device(monkeypatch):
+        raw = overhead._raw_loop(args, True, tmp_path)
+        trial = overhead._trial_fit(args, True, tmp_path / "run")
+    assert {path.name for path in tmp_path.glob("ckpt-*.pth")} == {"ckpt-6.pth", "ckpt-12.pth"}
+    assert raw["loss"] == 0 and trial["checkpoints"] == 2  # meta tensors read as zeros; 1 periodic + the final
+
+
+def test_the_async_checkpoint_benchmarks_fits_keep_every_tensor_on_the_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bench = _benchmark("async_checkpoint", monkeypatch)
+    args = argparse.Namespace(batches=6, period=3, device="meta", width=16, optimizer="adamw", batch=4)
+    with on_the_meta_device(monkeypatch):
+        for asynchronous in (True, False):
+            timer, trial = bench._fit(args, tmp_path / f"run-{asynchronous}", asynchronous)
+            assert timer.calls == 1 and trial.context.device.type == "meta"
