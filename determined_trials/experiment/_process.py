@@ -23,6 +23,7 @@ __all__ = ["TrialProcess"]
 
 _TAIL_LINES = 20
 _RANK_PREFIX = re.compile(r"^\[rank=\d+\] ")
+_OUTPUT_ABOVE = re.compile(r" \(its output is above, prefixed \[rank=\d+\]\)$")  # the launcher's, for a terminal
 _STRAY_GRACE_S = 5.0  # after the process ended, how long what is left of its group may hold the output
 _STRAY_GRACE_TERMINATED_S = 60.0  # ... when it was asked to stop (a child may still be checkpointing)
 _KILL_GRACE_S = 10.0  # after kill(): how long a launcher gets to kill its workers and remove its launch folder
@@ -132,5 +133,5 @@ class TrialProcess:
         shown as it came, and stays in the trial's log)."""
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         lines = [_RANK_PREFIX.sub("", line).strip() for line in self.tail if line.strip()]
-        last = lines[-1] if lines else "(no output)"
+        last = _OUTPUT_ABOVE.sub("", lines[-1]) if lines else "(no output)"  # the log path below says where it is
         return f"trial process failed ({how}): {last} (whole output: {self.log_path})"

@@ -23,7 +23,7 @@ from determined_trials.experiment._runner_state import RunningTrial, Work
 __all__ = ["KILLED_REASON", "ExperimentRunner"]
 
 _POLL_S = 0.05
-KILLED_REASON = "killed with `det-trials experiment kill`"
+KILLED_REASON = "killed (from the dashboard or with `det-trials experiment kill`)"  # the store cannot tell which
 
 
 class ExperimentRunner(TrialOutcomes):

@@ -9,6 +9,7 @@ import operator
 import os
 import stat
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,11 +107,32 @@ def experiments(store: LocalStore) -> list[dict[str, Any]]:
     return [_experiment_dict(store, e, by_exp[e.id], counts.get(e.id, {})) for e in store.experiments()]
 
 
+def _hparam_specs(specs: Any, prefix: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """The config's typed hyperparameters as (name, spec), nested ones named ``a.b``."""
+    if isinstance(specs, dict):
+        for key, spec in specs.items():
+            if isinstance(spec, dict) and "type" in spec:
+                yield f"{prefix}{key}", spec
+            elif isinstance(spec, dict):
+                yield from _hparam_specs(spec, f"{prefix}{key}.")
+
+
+def _searched(spec: dict[str, Any]) -> bool:
+    """Whether a hyperparameter's spec lets its value differ between trials (a range or several choices)."""
+    if spec.get("type") == "categorical":
+        return len(spec.get("vals") or ()) > 1
+    return spec.get("type") in ("int", "double", "log") and spec.get("minval") != spec.get("maxval")
+
+
 def experiment(store: LocalStore, experiment_id: int) -> dict[str, Any]:
-    """One experiment, as in :func:`experiments`, plus its config and metric names per group."""
+    """One experiment, as in :func:`experiments`, plus its config, metric names per group and the names of the
+    config's log-scaled hyperparameters and of those it searches (a range or several choices)."""
     exp = store.experiment(experiment_id)
     out = _experiment_dict(store, exp, store.trials(exp.id), store.trial_counts().get(exp.id, {}))
     out["config"] = clean(exp.config)
+    specs = list(_hparam_specs(exp.config.get("hyperparameters")))
+    out["log_hparams"] = [name for name, spec in specs if spec.get("type") == "log"]
+    out["searched_hparams"] = [name for name, spec in specs if _searched(spec)]
     out["metric_names"] = {g: store.metric_names(exp.id, g) for g in ("training", "validation")}
     return out
 

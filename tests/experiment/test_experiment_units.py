@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from determined_trials.experiment import (
     visible_gpus,
 )
 from determined_trials.experiment._launch import trial_command
+from determined_trials.experiment._process import TrialProcess
 from determined_trials.experiment._runner import KILLED_REASON
 
 
@@ -245,3 +247,16 @@ def test_a_runner_whose_experiment_was_killed_ends_canceled_not_paused(tmp_path:
     assert handle.killed and handle.terminated == paused_first
     assert store.experiment(exp).state == "CANCELED" and store.experiment(exp).reason == KILLED_REASON
     assert [t.state for t in store.trials(exp)] == ["CANCELED"]
+
+
+def test_a_failure_reason_says_where_the_output_is_in_words_that_fit_the_dashboard() -> None:
+    """The launcher's terminal verdict "(its output is above, prefixed [rank=0])" is left out of the stored
+    reason (it names the log instead), and a kill's reason fits the command line and the dashboard alike."""
+    proc = TrialProcess.__new__(TrialProcess)  # only what reason() reads
+    proc.tail = collections.deque(["[rank=0] Traceback (most recent call last):", "[rank=0] ValueError: bad",
+                                   "torch_distributed: rank 0 failed with exit code 1: ValueError: bad "
+                                   "(its output is above, prefixed [rank=0])"])
+    proc.log_path = Path("/r/trial_1.log")
+    assert proc.reason(1) == ("trial process failed (exit code 1): torch_distributed: rank 0 failed with exit code 1: "
+                              "ValueError: bad (whole output: /r/trial_1.log)")
+    assert "dashboard" in KILLED_REASON and "det-trials experiment kill" in KILLED_REASON

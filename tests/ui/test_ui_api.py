@@ -64,6 +64,21 @@ def test_experiments_list_and_one_experiment(run_dir: Path) -> None:
     assert one["metric_names"] == {"training": ["accuracy", "loss"], "validation": ["validation_loss"]}
 
 
+def test_an_experiment_names_its_log_scaled_and_searched_hyperparameters(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "runs")
+    hparams = {"lr": {"type": "log", "minval": -4, "maxval": -1}, "width": {"type": "int", "minval": 1, "maxval": 8},
+               "optim": {"decay": {"type": "log", "minval": -6, "maxval": -2, "base": 10}, "kind": "adam"}, "seed": 3,
+               "one": {"type": "categorical", "vals": [1]}, "fixed": {"type": "const", "val": 2}}
+    store.create_experiment(name="log", config={"hyperparameters": hparams})
+    store.create_experiment(name="none", config={})
+    store.close()
+    client = _client(tmp_path / "runs")
+    one = client.get("/api/v1/experiments/1").json()
+    assert one["log_hparams"] == ["lr", "optim.decay"]
+    assert one["searched_hparams"] == ["lr", "width", "optim.decay"]
+    assert client.get("/api/v1/experiments/2").json()["log_hparams"] == []
+
+
 def test_trials_of_an_experiment(run_dir: Path) -> None:
     data = _client(run_dir).get("/api/v1/experiments/1/trials").json()
     trials = data["trials"]

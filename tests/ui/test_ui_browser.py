@@ -11,8 +11,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +19,9 @@ import yaml
 from helpers_paths import REPO, SUPPORT
 
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
+from helpers_browser import Watched  # noqa: E402
 from helpers_experiment import start_runner  # noqa: E402
 from helpers_ui import EVIL, login_url, make_store, running_ui  # noqa: E402
 
@@ -33,56 +32,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 TRIAL_SCRIPT = SUPPORT / "trials_ui_script.py"
 DOCS = REPO / "docs"
-
-
-def chromium_path() -> str | None:
-    """Debian's chromium (`make browser` installs it); Playwright's own browser download is never used."""
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    path = chromium_path()
-    if path is None:
-        pytest.skip("chromium is not installed and `make browser` could not install it (apt-get install chromium)")
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=path, headless=True,
-                                              args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
-        try:
-            yield launched
-        finally:
-            launched.close()
-
-
-@dataclass
-class Watched:
-    """A page and what it did: every URL it requested and every script error."""
-
-    page: Any
-    requests: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    def assert_same_origin(self, base: str) -> None:
-        outside = [u for u in self.requests if not (u == base or u.startswith(base + "/") or u.startswith("data:"))]
-        assert not outside, f"requests left the page's origin {base}: {outside}"
-        assert not self.errors, self.errors
-
-
-@pytest.fixture
-def watched(browser: Any) -> Iterator[Watched]:
-    # bypass_csp: Playwright's waits evaluate strings, which the page's CSP forbids; the page must keep its data
-    # as text and its requests at home without that safety net (test_ui_api checks the CSP header itself)
-    context = browser.new_context(viewport={"width": 1300, "height": 900}, bypass_csp=True)
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    seen = Watched(page)
-    page.on("request", lambda r: seen.requests.append(r.url))
-    page.on("pageerror", lambda e: seen.errors.append(str(e)))
-    page.on("dialog", lambda d: d.accept())
-    try:
-        yield seen
-    finally:
-        context.close()
 
 
 def _cell(page: Any, trial_id: int, col: str) -> str:
@@ -158,6 +107,8 @@ def test_a_running_experiment_live_pause_continue_kill(tmp_path: Path, watched: 
             # pause from the page: the runner checkpoints and exits as paused (75)
             page.click("#pause")
             _wait_state(page, "PAUSED")
+            page.wait_for_function("!document.querySelector('#action-msg').textContent.includes('ACTIVE')",
+                                   timeout=5_000)  # the answer "pause: experiment is ACTIVE" went with that state
             assert runner.wait(timeout=60) == 75
             assert LocalStore(run_dir).experiment(1).state == "PAUSED"
             paused_at = int(_cell(page, 1, "batches"))
@@ -316,6 +267,7 @@ def test_sorting_the_trials_table_and_an_unknown_id(tmp_path: Path, watched: Wat
         page.wait_for_timeout(2_000)  # a refresh keeps the chosen order
         assert page.get_attribute('#trials th[data-key="hp:opt"]', "class") == "sortable sorted-asc"
         page.goto(base + "/trials/42")
-        page.wait_for_selector("#error:has-text('Not found')")
-        assert "trial 42 not found" in str(page.text_content("#error"))
+        page.wait_for_selector("#not-found")
+        assert "trial 42 not found" in str(page.text_content("#not-found"))
+        assert page.query_selector("#kill") is None
         watched.assert_same_origin(base)

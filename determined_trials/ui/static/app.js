@@ -53,7 +53,7 @@
   }
 
   /* Runs fn now and then every POLL_MS after it finishes (never two at once). */
-  function poll(fn) {
+  function poll(fn, notFound) {
     const tick = async () => {
       try {
         await fn();
@@ -61,6 +61,7 @@
         showError(null);
       } catch (err) {
         setLive(false);
+        if (err.status === 404 && notFound) { notFound(err); return; }
         showError(err);
         if (err.status === 404) return;
       }
@@ -68,6 +69,12 @@
     };
     tick();
   }
+
+  /* "1 trial", "3 trials". */
+  function plural(n, word) { return n + " " + word + (n === 1 ? "" : "s"); }
+  /* Reported with the metrics but they are the x-axis' units, not metrics: never drawn as one. */
+  const X_UNITS = new Set(["batches", "epochs"]);
+  const isMetric = (name) => !X_UNITS.has(name);
 
   function fmtNum(v) { return v === null || v === undefined ? "" : (typeof v === "number" ? C.fmt(v) : String(v)); }
   function fmtTime(iso) { return iso ? new Date(iso).toLocaleString() : ""; }
@@ -85,6 +92,17 @@
   }
   function crumbs(...items) { document.getElementById("crumbs").replaceChildren(...items); }
   function main(...children) { document.getElementById("main").replaceChildren(...children); }
+
+  /* An unknown experiment or trial: the page says so instead of an empty skeleton (no buttons, no polling). */
+  function notFoundPage(what) {
+    return (err) => {
+      document.title = "Not found · det-trials";
+      crumbs(el("a", { href: "/" }, "Experiments"), el("span", {}, "› not found"));
+      main(el("h1", { id: "title" }, "Not found"),
+        el("p", { id: "not-found", class: "error" }, err.message || what + " not found"),
+        el("p", {}, el("a", { href: "/" }, "All experiments")));
+    };
+  }
 
   function flatten(obj, prefix, out) {
     for (const [key, value] of Object.entries(obj || {})) {
@@ -114,10 +132,14 @@
       for (const th of head.children) {
         th.className = "sortable" + (th.dataset.key === sort.key ? " sorted-" + sort.dir : "");
       }
-      tbody.replaceChildren(...sorted.map((r) => el("tr", { "data-id": r.id }, columns.map((c) => el("td", { "data-col": c.key }, c.cell(r))))));
+      const td = (c, r) => {
+        const v = c.cell(r);
+        return el("td", { "data-col": c.key, class: "clip", title: typeof v === "string" && v.length > 16 ? v : null }, v);
+      };
+      tbody.replaceChildren(...sorted.map((r) => el("tr", { "data-id": r.id }, columns.map((c) => td(c, r)))));
     };
     for (const c of columns) {
-      head.append(el("th", { "data-key": c.key, onclick: () => {
+      head.append(el("th", { "data-key": c.key, title: c.title.length > 16 ? c.title : null, onclick: () => {
         sort.dir = sort.key === c.key && sort.dir === "asc" ? "desc" : "asc";
         sort.key = c.key;
         draw();
@@ -142,11 +164,11 @@
       empty.textContent = data.experiments.length ? "" : "No experiments in this run folder yet.";
       tbody.replaceChildren(...data.experiments.map((e) => el("tr", { "data-id": e.id },
         el("td", {}, el("a", { href: "/experiments/" + e.id }, String(e.id))),
-        el("td", { "data-col": "name" }, el("a", { href: "/experiments/" + e.id }, e.name)),
+        el("td", { "data-col": "name", class: "clip", title: e.name }, el("a", { href: "/experiments/" + e.id }, e.name)),
         el("td", {}, stateBadge(e.state)),
         el("td", {}, progressBar(e.progress)),
-        el("td", {}, e.searcher.metric ? e.searcher.metric + " = " + fmtNum(e.best_metric) : ""),
-        el("td", { "data-col": "trials" }, Object.entries(e.trial_counts).map(([s, n]) => s + " " + n).join(" · ") || "0"),
+        el("td", { class: "clip" }, e.searcher.metric ? e.searcher.metric + " = " + fmtNum(e.best_metric) : ""),
+        el("td", { "data-col": "trials", class: "clip" }, Object.entries(e.trial_counts).map(([s, n]) => s + " " + n).join(" · ") || "0"),
         el("td", {}, fmtTime(e.start_time)))));
     });
   }
@@ -154,7 +176,10 @@
   // -- /experiments/{id} -------------------------------------------------------------------------------
   function actionBar(experimentId, onDone) {
     const msg = el("span", { id: "action-msg", class: "muted" });
+    const note = el("span", { id: "actions-note", class: "muted" });
     const bar = el("div", { class: "actions", id: "actions" });
+    let msgState = null;  // the experiment's state the message was written in: a new state clears it
+    let state = null;
     const run = async (name) => {
       if (name === "kill" && !window.confirm("Kill experiment " + experimentId + "? Its unfinished trials become CANCELED.")) return;
       for (const b of bar.querySelectorAll("button")) b.disabled = true;
@@ -163,51 +188,78 @@
       try {
         const result = await request("POST", "/api/v1/experiments/" + experimentId + "/" + name);
         msg.textContent = name + ": experiment is " + result.state;
+        msgState = result.state;
       } catch (err) {
         msg.className = "error";
         msg.textContent = name + " failed: " + err.message;
+        msgState = state;
       }
       onDone();
     };
     const buttons = {
-      pause: el("button", { id: "pause", onclick: () => run("pause") }, "Pause"),
-      activate: el("button", { id: "activate", onclick: () => run("activate") }, "Continue"),
-      kill: el("button", { id: "kill", class: "danger", onclick: () => run("kill") }, "Kill"),
+      pause: el("button", { id: "pause", disabled: true, onclick: () => run("pause") }, "Pause"),
+      activate: el("button", { id: "activate", disabled: true, onclick: () => run("activate") }, "Continue"),
+      kill: el("button", { id: "kill", class: "danger", disabled: true, onclick: () => run("kill") }, "Kill"),
     };
     if (READ_ONLY) {
       bar.append(el("span", { class: "muted", id: "no-actions" }, "read-only: no actions"));
     } else {
-      bar.append(buttons.pause, buttons.activate, buttons.kill, msg);
+      bar.append(buttons.pause, buttons.activate, buttons.kill, note, msg);
     }
+    const why = (button, text) => { if (text) button.title = text; else button.removeAttribute("title"); };
     return {
       bar: bar,
       update: (exp) => {
         const runner = exp.kind === "runner";
+        const open = exp.state === "ACTIVE" || exp.state === "PAUSED";
+        state = exp.state;
+        if (msgState !== null && msgState !== exp.state) { msg.textContent = ""; msgState = null; }
         buttons.pause.disabled = !(runner && exp.state === "ACTIVE");
         buttons.activate.disabled = !(runner && exp.state === "PAUSED");
-        buttons.kill.disabled = !(exp.state === "ACTIVE" || exp.state === "PAUSED");
+        buttons.kill.disabled = !open;
+        const scriptNote = !runner && open ? "a plain script's run can only be killed" : "";
+        note.textContent = scriptNote;
+        why(buttons.pause, !runner ? "a plain script's run can only be killed (pause it in its terminal: Ctrl-C)"
+          : buttons.pause.disabled ? "only an ACTIVE experiment can be paused" : "");
+        why(buttons.activate, !runner ? "a plain script's run can only be killed (run the script again to continue)"
+          : buttons.activate.disabled ? "only a PAUSED experiment can be continued" : "");
+        why(buttons.kill, buttons.kill.disabled ? "the experiment is " + exp.state + ": nothing to kill" : "");
       },
     };
   }
 
-  function hparamCharts(trials, metric, box) {
+  /* A hyperparameter drawn on a log axis: type `log` in the config (logNames), or positive numbers spanning
+     three decades or more. */
+  function logScaled(name, values, logNames) {
+    if (!values.every((v) => typeof v === "number" && v > 0)) return false;
+    return logNames.includes(name) || Math.max(...values) / Math.min(...values) >= 1000;
+  }
+
+  function hparamCharts(trials, metric, exp, box) {
     const usable = trials.filter((t) => t.best_metric !== null);
     const flat = usable.map((t) => flatten(t.hparams, "", {}));
-    const names = Array.from(new Set(flat.flatMap((h) => Object.keys(h)))).sort();
+    const key = (v) => JSON.stringify(v === undefined ? null : v);
+    // a constant (one value in every trial, and not a range or choices of the config's) says nothing about the metric
+    const all = trials.map((t) => flatten(t.hparams, "", {}));
+    const searched = new Set(exp.searched_hparams || []);
+    const names = Array.from(new Set(flat.flatMap((h) => Object.keys(h)))).sort()
+      .filter((name) => searched.has(name) || new Set(all.map((h) => key(h[name]))).size > 1);
     if (!metric || !usable.length || !names.length) {
-      box.replaceChildren(el("p", { class: "muted" }, "No validation values of the searcher metric yet."));
+      box.replaceChildren(el("p", { class: "muted" }, !metric || !usable.length ? "No validation values of the searcher metric yet."
+        : "Every hyperparameter has the same value in every trial: nothing to compare."));
       return;
     }
     const axes = names.map((name) => {
       const values = flat.map((h) => h[name]);
       const numeric = values.every((v) => typeof v === "number");
-      const categories = numeric ? null : Array.from(new Set(values.map((v) => JSON.stringify(v === undefined ? null : v)))).sort();
-      return { name: name, categories: categories, value: (h) => numeric ? h[name] : categories.indexOf(JSON.stringify(h[name] === undefined ? null : h[name])) };
+      const categories = numeric ? null : Array.from(new Set(values.map(key))).sort();
+      return { name: name, categories: categories, log: numeric && logScaled(name, values, exp.log_hparams || []),
+        value: (h) => numeric ? h[name] : categories.indexOf(key(h[name])) };
     });
     const metricRange = [Math.min(...usable.map((t) => t.best_metric)), Math.max(...usable.map((t) => t.best_metric))];
     const shade = (v) => "hsl(" + Math.round(220 - 200 * ((v - metricRange[0]) / ((metricRange[1] - metricRange[0]) || 1))) + ", 65%, 45%)";
     const scatters = el("div", { class: "charts", id: "hp-scatter" }, axes.map((a) => C.scatterChart({
-      title: a.name + " vs " + metric, width: 340, height: 240, xLabel: a.name, yLabel: metric,
+      title: a.name + " vs " + metric, width: 340, height: 240, xLabel: a.name + (a.log ? " (log)" : ""), yLabel: metric, xLog: a.log,
       categories: a.categories ? a.categories.map((c) => JSON.parse(c)) : null,
       points: usable.map((t, i) => ({ x: a.value(flat[i]), y: t.best_metric, color: shade(t.best_metric), label: "trial " + t.id + ": " + fmtNum(t.best_metric) })),
     })));
@@ -215,7 +267,7 @@
     if (axes.length > 1) {
       parts.push(el("div", { id: "hp-parallel" }, C.parallelCoordinates({
         title: "Parallel coordinates (colour: " + metric + ")", width: Math.max(500, 160 * (axes.length + 1)), height: 300,
-        axes: axes.map((a) => ({ name: a.name, categories: a.categories ? a.categories.map((c) => JSON.parse(c)) : null })).concat([{ name: metric, categories: null }]),
+        axes: axes.map((a) => ({ name: a.name, log: a.log, categories: a.categories ? a.categories.map((c) => JSON.parse(c)) : null })).concat([{ name: metric, categories: null }]),
         rows: usable.map((t, i) => ({ values: axes.map((a) => a.value(flat[i])).concat([t.best_metric]), color: shade(t.best_metric), label: "trial " + t.id })),
       })));
     }
@@ -243,7 +295,8 @@
     const chosen = { group: null, metric: null };
 
     const fillSelects = () => {
-      const names = exp.metric_names;
+      const names = {};
+      for (const [g, list] of Object.entries(exp.metric_names)) names[g] = list.filter(isMetric);
       const groups = Object.keys(names).filter((g) => names[g].length);
       if (!chosen.group || !groups.includes(chosen.group)) {
         chosen.group = groups.includes("validation") && names.validation.includes(exp.searcher.metric) ? "validation" : groups[0] || null;
@@ -280,8 +333,8 @@
       summary.replaceChildren(
         stateBadge(e.state), progressBar(e.progress, "exp-progress"),
         el("span", { id: "best" }, e.searcher.metric ? "best " + e.searcher.metric + ": " + fmtNum(e.best_metric) : ""),
-        el("span", { id: "trial-counts" }, e.num_trials + " trials: " + Object.entries(e.trial_counts).map(([s, n]) => s + " " + n).join(", ")),
-        e.reason ? el("span", { class: "muted", id: "reason" }, e.reason) : "",
+        el("span", { id: "trial-counts" }, plural(e.num_trials, "trial") + ": " + Object.entries(e.trial_counts).map(([s, n]) => s + " " + n).join(", ")),
+        e.reason ? el("span", { class: "muted wrap", id: "reason" }, e.reason) : "",
         e.state === "ACTIVE" && !e.running ? el("span", { class: "muted", id: "not-running" }, "no process runs it now") : "");
       actions.update(e);
       const names = Array.from(new Set(t.trials.flatMap((tr) => Object.keys(flatten(tr.hparams, "", {}))))).sort();
@@ -305,11 +358,11 @@
       if (now !== last) {
         last = now;
         fillSelects();
-        hparamCharts(t.trials, t.searcher.metric, hpBox);
+        hparamCharts(t.trials, t.searcher.metric, e, hpBox);
       }
       await drawCurves(false);
     }
-    poll(refresh);
+    poll(refresh, notFoundPage("experiment " + id));
   }
 
   // -- /trials/{id} ---------------------------------------------------------------------------------------
@@ -333,7 +386,7 @@
 
     async function drawGroup(group) {
       const data = await api("/api/v1/trials/" + id + "/metrics?group=" + group + "&max_points=500");
-      const names = Object.keys(data.series);
+      const names = Object.keys(data.series).filter(isMetric);
       const key = names.map((n) => n + ":" + data.series[n].steps.length + ":" + data.series[n].steps.slice(-1)[0]).join(",");
       if (key === seen[group]) return;
       seen[group] = key;
@@ -353,7 +406,7 @@
       const rows = [["State", stateBadge(t.state)], ["Status", t.status || ""], ["Batches", fmtNum(t.batches)],
         ["Progress", progressBar(t.state === "COMPLETED" ? 1 : t.progress, "trial-progress")],
         ["Best " + (t.searcher.metric || "metric"), fmtNum(t.best_metric)], ["Restarts", String(t.restarts)], ["Seed", String(t.seed)],
-        ["Reason", t.reason || ""], ["Started", fmtTime(t.start_time)], ["Ended", fmtTime(t.end_time)]];
+        ["Reason", t.reason ? el("span", { class: "wrap", id: "trial-reason" }, t.reason) : ""], ["Started", fmtTime(t.start_time)], ["Ended", fmtTime(t.end_time)]];
       for (const [k, v] of Object.entries(flatten(t.hparams, "", {}))) rows.push(["hp " + k, fmtNum(v)]);
       info.replaceChildren(...rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", { "data-field": k }, v))));
       ckpts.replaceChildren(...c.checkpoints.map((k) => el("tr", { "data-uuid": k.uuid },
@@ -369,12 +422,12 @@
       if (!config.textContent) config.textContent = JSON.stringify(t.config, null, 2);
       await Promise.all([drawGroup("training"), drawGroup("validation")]);
     }
-    poll(refresh);
+    poll(refresh, notFoundPage("trial " + id));
   }
 
   const path = location.pathname;
   let match;
-  if ((match = path.match(/^\/experiments\/(\d+)$/))) experimentPage(Number(match[1]));
-  else if ((match = path.match(/^\/trials\/(\d+)$/))) trialPage(Number(match[1]));
+  if ((match = path.match(/^\/experiments\/(\d+)$/))) experimentPage(match[1]);
+  else if ((match = path.match(/^\/trials\/(\d+)$/))) trialPage(match[1]);
   else experimentsPage();
 })();

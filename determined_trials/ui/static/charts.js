@@ -44,19 +44,35 @@
     return (v) => r0 + (v - d0) * k;
   }
 
-  /* Axes, grid and labels; returns the svg, the plot scales and the plot area. */
+  /* A log10 axis over positive values: its domain in decades, the scale and the ticks (the powers of ten
+     within it, or the linear ticks of the exponent when it spans less than two). */
+  function logAxis(values, r0, r1) {
+    const dom = range(values.filter((v) => v > 0).map(Math.log10));
+    const s = scale(dom[0], dom[1], r0, r1);
+    const decades = [];
+    const every = Math.max(1, Math.ceil((dom[1] - dom[0]) / 8));
+    for (let t = Math.ceil(dom[0]); t <= dom[1]; t += every) decades.push(t);
+    const at = decades.length >= 2 ? decades : ticks(dom[0], dom[1], 4);
+    return { scale: (v) => s(Math.log10(v)), ticks: at.map((t) => Math.pow(10, t)) };
+  }
+
+  /* Axes, grid and labels; returns the svg, the plot scales and the plot area. The data is drawn o.pad pixels
+     inside the axes (a dot's radius: dots at the edges are whole); xLog: xDomain holds the x values (> 0),
+     drawn on a log axis. */
   function frame(o, xDomain, yDomain, xCategories) {
-    const width = o.width || 560, height = o.height || 300;
+    const width = o.width || 560, height = o.height || 300, pad = o.pad || 0;
     const m = { left: 62, right: 14, top: 10, bottom: 38 };
-    const root = svg("svg", { width: width, height: height, viewBox: "0 0 " + width + " " + height, role: "img" });
-    const sx = scale(xDomain[0], xDomain[1], m.left, width - m.right);
-    const sy = scale(yDomain[0], yDomain[1], height - m.bottom, m.top);
+    const root = svg("svg", { width: width, height: height, viewBox: "0 0 " + width + " " + height, role: "img",
+      "data-x-log": o.xLog ? 1 : 0 });
+    const xLog = o.xLog ? logAxis(xDomain, m.left + pad, width - m.right - pad) : null;
+    const sx = xLog ? xLog.scale : scale(xDomain[0], xDomain[1], m.left + pad, width - m.right - pad);
+    const sy = scale(yDomain[0], yDomain[1], height - m.bottom - pad, m.top + pad);
     const axis = svg("g", { class: "axis" });
     for (const t of ticks(yDomain[0], yDomain[1], 5)) {
       axis.append(svg("line", { class: "grid", x1: m.left, x2: width - m.right, y1: sy(t), y2: sy(t) }));
       axis.append(svg("text", { x: m.left - 6, y: sy(t) + 4, "text-anchor": "end" }, fmt(t)));
     }
-    const xTicks = xCategories ? xCategories.map((_, i) => i) : ticks(xDomain[0], xDomain[1], 6);
+    const xTicks = xCategories ? xCategories.map((_, i) => i) : xLog ? xLog.ticks : ticks(xDomain[0], xDomain[1], 6);
     for (const t of xTicks) {
       axis.append(svg("text", { x: sx(t), y: height - m.bottom + 15, "text-anchor": "middle" },
         xCategories ? String(xCategories[t]).slice(0, 14) : fmt(t)));
@@ -115,11 +131,13 @@
 
   /* points: [{x, y, label, color}]; categorical x when categories is given (x is then an index). */
   function scatterChart(o) {
-    const xDomain = o.categories ? [-0.5, o.categories.length - 0.5] : range(o.points.map((p) => p.x));
-    const f = frame(o, xDomain, range(o.points.map((p) => p.y)), o.categories || null);
+    const r = 3.5;
+    const xs = o.points.map((p) => p.x);
+    const xDomain = o.categories ? [-0.5, o.categories.length - 0.5] : o.xLog ? xs : range(xs);
+    const f = frame(Object.assign({ pad: r + 1 }, o), xDomain, range(o.points.map((p) => p.y)), o.categories || null);
     const dots = svg("g", { class: "dots" });
     for (const p of o.points) {
-      const dot = svg("circle", { cx: f.sx(p.x), cy: f.sy(p.y), r: 3.5, fill: p.color, "fill-opacity": 0.75 });
+      const dot = svg("circle", { cx: f.sx(p.x), cy: f.sy(p.y), r: r, fill: p.color, "fill-opacity": 0.75 });
       dot.append(svg("title", {}, p.label));
       dots.append(dot);
     }
@@ -127,7 +145,8 @@
     return wrap(o.title, f.root, null);
   }
 
-  /* axes: [{name, categories|null}]; rows: [{values, color, label}] with values numbers (or category indexes). */
+  /* axes: [{name, categories|null, log}]; rows: [{values, color, label}] with values numbers (or category indexes);
+     a log axis holds positive numbers. */
   function parallelCoordinates(o) {
     const width = o.width || 900, height = o.height || 320;
     const m = { left: 50, right: 70, top: 24, bottom: 26 };
@@ -135,8 +154,14 @@
     const n = o.axes.length;
     const ax = (i) => m.left + (n === 1 ? 0 : (i * (width - m.left - m.right)) / (n - 1));
     const ys = o.axes.map((a, i) => {
-      const dom = a.categories ? [-0.5, a.categories.length - 0.5] : range(o.rows.map((r) => r.values[i]).filter((v) => v !== null));
-      return { dom: dom, y: scale(dom[0], dom[1], height - m.bottom, m.top) };
+      const values = o.rows.map((r) => r.values[i]).filter((v) => v !== null && v !== undefined);
+      if (a.log && !a.categories) {
+        const log = logAxis(values, height - m.bottom, m.top);
+        return { y: log.scale, marks: log.ticks.map((t) => [t, fmt(t)]) };
+      }
+      const dom = a.categories ? [-0.5, a.categories.length - 0.5] : range(values);
+      const marks = a.categories ? a.categories.map((c, k) => [k, String(c).slice(0, 12)]) : ticks(dom[0], dom[1], 4).map((t) => [t, fmt(t)]);
+      return { y: scale(dom[0], dom[1], height - m.bottom, m.top), marks: marks };
     });
     const lines = svg("g", { fill: "none", "stroke-width": 1.2, "stroke-opacity": 0.7 });
     for (const r of o.rows) {
@@ -151,9 +176,9 @@
     o.axes.forEach((a, i) => {
       const x = ax(i);
       axes.append(svg("line", { x1: x, x2: x, y1: m.top, y2: height - m.bottom }));
-      axes.append(svg("text", { x: x, y: m.top - 8, "text-anchor": "middle", "font-weight": 600 }, String(a.name).slice(0, 24)));
-      const marks = a.categories ? a.categories.map((c, k) => [k, String(c).slice(0, 12)]) : ticks(ys[i].dom[0], ys[i].dom[1], 4).map((t) => [t, fmt(t)]);
-      for (const [v, label] of marks) axes.append(svg("text", { x: x + 4, y: ys[i].y(v) + 4 }, label));
+      axes.append(svg("text", { x: x, y: m.top - 8, "text-anchor": "middle", "font-weight": 600, "data-axis": a.name, "data-log": a.log ? 1 : 0 },
+        String(a.name).slice(0, 24)));
+      for (const [v, label] of ys[i].marks) axes.append(svg("text", { x: x + 4, y: ys[i].y(v) + 4 }, label));
     });
     root.append(axes);
     return wrap(o.title, root, null);

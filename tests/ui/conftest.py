@@ -1,0 +1,26 @@
+"""The browser tests' fixtures: ``browser`` (Debian's chromium through Playwright, one per module; skipped without
+either) and ``watched`` (a fresh page in a 1300 × 900 viewport)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from helpers_browser import Watched, chromium_path, launched_chromium, watched_page
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    path = chromium_path()
+    if path is None:
+        pytest.skip("chromium is not installed and `make browser` could not install it (apt-get install chromium)")
+    with launched_chromium(sync_api, path) as launched:
+        yield launched
+
+
+@pytest.fixture
+def watched(browser: Any) -> Iterator[Watched]:
+    with watched_page(browser) as seen:
+        yield seen
