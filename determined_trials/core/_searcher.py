@@ -13,6 +13,8 @@ import numbers
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from determined_trials.core._progress import trial_progress
+
 if TYPE_CHECKING:
     from determined_trials.core._distributed import DistributedContext
 
@@ -94,6 +96,12 @@ class SearcherOperation:
         self.metric: float | None = None
 
     @property
+    def max_length(self) -> int:
+        """The most the trial trains (``searcher.max_length``, or its longest operation), in ``length``'s units:
+        its progress is the length trained over this."""
+        return self._max_length
+
+    @property
     def completed(self) -> bool:
         """True once ``report_completed`` was called."""
         return self._completed
@@ -103,7 +111,7 @@ class SearcherOperation:
         self._require_chief("report_progress")
         if not isinstance(length, numbers.Real) or length < 0:
             raise ValueError(f"report_progress takes a non-negative length, got {length!r}")
-        self._store.set_trial_progress(self._trial_id, min(float(length) / self._max_length, 1.0))
+        self._store.set_trial_progress(self._trial_id, trial_progress(float(length), self._max_length))
 
     def report_completed(self, searcher_metric: Any) -> None:
         """Report the searcher metric for this operation; exactly once, on the chief."""

@@ -68,7 +68,7 @@ class TrainContext:
         self._smaller_is_better = smaller_is_better
         self._tb_writer = ScalarWriter(tensorboard_dir) if self._writes_tensorboard() else None
         self._display = DisplayFields(store, trial_id)
-        self._reports = ReportBuffer(store, trial_id)
+        self._reports = ReportBuffer(store, trial_id, after_store=self._display.write)  # progress goes with batches
         self._keys_at_step: dict[str, tuple[int, set[str]]] = {}
         self._warned_non_finite: set[tuple[str, str]] = set()
 
@@ -98,7 +98,8 @@ class TrainContext:
         self._report(group, steps_completed, metrics, None)
 
     def report_progress(self, progress: float) -> None:
-        """Report the trial's progress as a fraction in [0, 1] (stored within a second; 1.0 at once)."""
+        """Report the trial's progress as a fraction in [0, 1] (stored within a second, with the metrics reports
+        held; 1.0 at once). The trainers report ``core._progress.trial_progress`` before each report."""
         if not 0.0 <= float(progress) <= 1.0:
             raise ValueError(f"progress must be a fraction between 0 and 1, got {progress!r}")
         self._display.set("progress", float(progress), now=float(progress) == 1.0)

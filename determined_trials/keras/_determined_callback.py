@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from determined_trials.core._progress import trial_progress
 from determined_trials.keras._backend import require_tensorflow_backend
 
 __all__ = ["DeterminedCallback"]
@@ -95,13 +96,13 @@ class DeterminedCallback(_KerasCallback):
         self._epoch = epoch
         logs = dict(logs or {})
         if self._is_chief:
+            if self._epochs:  # first: stored with the epoch's report (TrainContext._report)
+                self._core.train.report_progress(trial_progress(epoch + 1, self._epochs))
             if self._period == "epoch":
                 self._report("training", {k: v for k, v in logs.items() if not k.startswith("val_")})
             validation = {k: v for k, v in logs.items() if k.startswith("val_")}
             if validation:
                 self._report("validation", validation)
-            if self._epochs:
-                self._core.train.report_progress(min(1.0, (epoch + 1) / self._epochs))
         if self._every and (epoch + 1) % self._every == 0:
             self._save()
         if self._core.preempt.should_preempt():

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from determined_trials.core._checkpoint_helpers import read_json_file
+from determined_trials.core._progress import trial_progress
 from determined_trials.loop._adapter import DataShape, TrialAdapter
 from determined_trials.loop._checkpointing import CHECKPOINT_FORMAT, TRIAL_STATE_FILE, Checkpointer
 from determined_trials.loop._hooks import HookRunner
@@ -70,7 +71,8 @@ class LoopSettings:
 
 @dataclasses.dataclass(frozen=True)
 class _Target:
-    batches: int
+    batches: int  # train to this batch
+    full: int  # the most the trial trains, in batches: its progress is batches trained / full
     op: SearcherOperation | None = None
 
 
@@ -90,6 +92,7 @@ class Controller:
         self._progress: Progress | None = None
         self._checkpointer = Checkpointer(core=core, adapter=adapter, hooks=hooks)
         self._final_batch: int | None = None  # with max_length: nothing trains after this batch
+        self._full_batches = 1  # the current target's ``full``
 
     def run(self, latest_checkpoint: str | None = None) -> ExitReason:
         """Train until the length is reached, the trial is preempted or it asks to stop."""
@@ -143,6 +146,7 @@ class Controller:
             self._final_batch = self._to_batches(self._settings.max_length, shape)
         for target in self._targets(shape):
             self._progress.set_total(target.batches)
+            self._full_batches = target.full
             while self._state.batches_trained < target.batches:
                 if self._workload(schedule, target.batches):
                     return self._exit_early()
@@ -168,7 +172,7 @@ class Controller:
             end = schedule.next_boundary(state.batches_trained, target)
         self._adapter.train(end - state.batches_trained, state, self._stop_check())
         fired = schedule.fired(state.batches_trained, target)
-        self._end_workload(target)
+        self._end_workload()
         if self._exit is not None:
             return True
         if Boundary.VALIDATE in fired and state.last_validation != state.batches_trained:
@@ -219,7 +223,8 @@ class Controller:
     def _targets(self, shape: DataShape) -> Iterator[_Target]:
         """Absolute batch counts to train to: ``max_length``, or each searcher operation's length."""
         if self._settings.max_length is not None:
-            yield _Target(self._to_batches(self._settings.max_length, shape))
+            batches = self._to_batches(self._settings.max_length, shape)
+            yield _Target(batches, batches)
             return
         if self._settings.searcher_metric is None:
             raise ValueError("fit() needs max_length (e.g. max_length=Epoch(1)) when the config names no "
@@ -227,11 +232,12 @@ class Controller:
         units = self._core.searcher.get_configured_units()
         for op in self._core.searcher.operations():
             length = unit_from_length(op.length, units.name.lower() if units else None)
-            yield _Target(self._to_batches(length, shape), op)
+            full = unit_from_length(op.max_length, units.name.lower() if units else None)
+            yield _Target(self._to_batches(length, shape), self._to_batches(full, shape), op)
 
     # -- boundaries ----------------------------------------------------------------------------
 
-    def _end_workload(self, target: int) -> None:
+    def _end_workload(self) -> None:
         state = self._state
         metrics = self._adapter.training_metrics()
         self._checkpointer.poll()  # a background write that finished fires its hook now
@@ -239,8 +245,9 @@ class Controller:
         self._hooks.call("on_training_workload_end", metrics, batch_metrics() if batch_metrics else [])
         if self._is_chief:
             reported = {"batches": state.batches_trained, "epochs": state.epochs_trained, **metrics}
+            # progress first: it is stored with the report of the same batches (TrainContext._report)
+            self._core.train.report_progress(trial_progress(state.batches_trained, self._full_batches))
             self._core.train.report_training_metrics(steps_completed=state.batches_trained, metrics=reported)
-            self._core.train.report_progress(min(1.0, state.batches_trained / max(target, 1)))
             assert self._progress is not None
             self._progress.advance_to(state.batches_trained)
             self._progress.say(summary_line("training", state.batches_trained, state.epochs_trained, metrics))

@@ -3,7 +3,8 @@ charts, checkpoints, logs; pause, continue and kill) and the JSON API its page u
 
 Owns the app and its routes (``_app``), who may ask (``_auth``: Host and Origin checks, the token as bearer or
 cookie), the JSON the API answers (``_data``), downsampling series (``_downsample``), the token file and serving
-with uvicorn (``_server``) and the page's files (``static/``).
+with uvicorn (``_server``), noticing a run folder deleted or replaced under it (``_watch``) and the page's files
+(``static/``).
 
 ``core`` and ``core.store`` for reads, ``experiment`` for the three actions. Only ``cli`` imports it, and
 only when ``det-trials ui`` runs (starlette and uvicorn are the ``ui`` extra).

@@ -22,6 +22,7 @@ from determined_trials.experiment._control import activate_experiment, kill_expe
 from determined_trials.experiment._errors import ExperimentError
 from determined_trials.ui import _data
 from determined_trials.ui._auth import TokenGate
+from determined_trials.ui._watch import StoreWatch
 
 __all__ = ["STATIC_DIR", "UiSettings", "create_app"]
 
@@ -83,14 +84,18 @@ def _group(request: Request, default: str = "training") -> str:
 def create_app(settings: UiSettings) -> Starlette:
     """The dashboard app over ``settings.run_dir``'s store (which must exist)."""
     store = LocalStore(settings.run_dir, create=False)
+    watch = StoreWatch(store.db_path, store.path)
     shell = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
     body = shell.replace("{{READ_ONLY}}", "1" if settings.read_only else "0")
 
     def api(handler: Callable[[Request], Any]) -> Endpoint:
-        """A GET endpoint: runs ``handler`` in a worker thread, answers JSON errors."""
+        """A GET endpoint: runs ``handler`` in a worker thread, answers JSON errors (410 once the run folder is
+        gone)."""
 
         @functools.wraps(handler)
         async def endpoint(request: Request) -> Response:
+            if (gone := watch.gone()) is not None:
+                return _json({"error": gone}, 410)
             try:
                 return _json(await run_in_threadpool(handler, request))
             except _ApiError as exc:
@@ -110,6 +115,8 @@ def create_app(settings: UiSettings) -> Starlette:
     async def action(request: Request) -> Response:
         if settings.read_only:
             return _json({"error": "read-only dashboard (started with --read-only)"}, 403)
+        if (gone := watch.gone()) is not None:
+            return _json({"error": gone}, 410)
         name = request.path_params["action"]
         if name not in _ACTIONS:
             return _json({"error": f"unknown action {name!r}: pause, activate or kill"}, 404)

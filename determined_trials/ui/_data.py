@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from determined_trials.core._progress import experiment_progress, planned_trials
 from determined_trials.core.store import RunState
 from determined_trials.core.store._local import CheckpointRecord, Experiment, LocalStore, Trial
 from determined_trials.core.store._owner import owner_alive
@@ -68,12 +69,13 @@ def _running(store: LocalStore, exp: Experiment) -> bool:
     return owner is not None and owner_alive(*owner)
 
 
-def _progress(trial_list: list[Trial]) -> float | None:
-    """The experiment's progress: the mean of its trials' (a finished trial counts as done)."""
-    if not trial_list:
-        return None
-    done = [1.0 if t.state == RunState.COMPLETED else min(max(t.progress or 0.0, 0.0), 1.0) for t in trial_list]
-    return sum(done) / len(done)
+def _progress(exp: Experiment, trial_list: list[Trial]) -> float | None:
+    """``core._progress.experiment_progress``: over the trials the runner's searcher runs; a plain script's
+    experiment runs the trials it made; a COMPLETED experiment is done."""
+    if exp.state == RunState.COMPLETED:
+        return 1.0
+    planned = planned_trials(exp.config) if exp.model_dir else None
+    return experiment_progress(((t.state, t.progress) for t in trial_list), planned)
 
 
 def _best_of(values: dict[int, float], smaller: bool) -> float | None:
@@ -92,7 +94,7 @@ def _experiment_dict(store: LocalStore, exp: Experiment, trial_list: list[Trial]
         "id": exp.id, "name": exp.name, "description": exp.description, "labels": list(exp.labels),
         "state": exp.state, "reason": exp.reason, "kind": "runner" if exp.model_dir else "script",
         "running": _running(store, exp),
-        "searcher": searcher, "best_metric": best, "progress": _progress(trial_list),
+        "searcher": searcher, "best_metric": best, "progress": _progress(exp, trial_list),
         "trial_counts": counts, "num_trials": sum(counts.values()),
         "start_time": _iso(exp.start_time), "end_time": _iso(exp.end_time),
     })

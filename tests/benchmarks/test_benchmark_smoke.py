@@ -67,6 +67,21 @@ def test_fsdp_benchmark_quick_run_prints_its_ratios() -> None:
     assert re.search(r"FSDP2 / DDP \(median of per-round ratios\): \d+\.\d+$", proc.stdout, re.MULTILINE), proc.stdout
 
 
+
+@pytest.mark.timeout(300)
+def test_ui_latency_benchmark_quick_run_prints_its_figures() -> None:
+    pytest.importorskip("uvicorn", reason="the ui extra (starlette, uvicorn) is not installed")
+    proc = run_in_group([sys.executable, str(REPO / "benchmarks" / "ui_latency.py"), "--quick"], timeout=240,
+                        cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    number = r"\d+\.\d+"
+    for call in ("/api/v1/experiments", "/api/v1/experiments/1/trials", "/api/v1/trials/{t}/logs?tail=200",
+                 "all calls"):
+        assert re.search(rf"^{re.escape(call)}\s+{number}\s+{number}\s+{number}\s+\d+$", proc.stdout,
+                         re.MULTILINE), proc.stdout
+    assert re.search(rf"^ui latency p50 over all API calls: {number} ms \(target <= 5 ms\)$", proc.stdout,
+                     re.MULTILINE), proc.stdout
+
 # -- every tensor on the device ----------------------------------------------------------------------
 
 

@@ -1,12 +1,13 @@
 """What a TrainContext stores a little later instead of committing at every call: training reports
 less than a second apart (stored together, in one transaction) and the display-only progress and
-status (the latest value, at most once a second)."""
+status (the latest value, at most once a second, and with every store of reports)."""
 
 from __future__ import annotations
 
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,10 +20,12 @@ HOLD_S = 1.0  # the longest a report or display value waits before it is stored 
 
 class ReportBuffer:
     """Metrics reports of one trial: held while they come less than ``HOLD_S`` apart, then stored in
-    one transaction. ``flush`` (any thread) stores what is held; ``add(now=True)`` stores at once."""
+    one transaction. ``flush`` (any thread) stores what is held, then calls ``after_store``;
+    ``add(now=True)`` stores at once."""
 
-    def __init__(self, store: LocalStore, trial_id: int) -> None:
+    def __init__(self, store: LocalStore, trial_id: int, after_store: Callable[[], None] | None = None) -> None:
         self._store, self._trial_id = store, trial_id
+        self._after_store = after_store
         self._held: list[dict[str, Any]] = []
         self._stored_at = -math.inf
         self._lock = threading.Lock()  # the checkpoint writer thread flushes before recording
@@ -42,20 +45,26 @@ class ReportBuffer:
             if held:
                 self._store.add_metrics_reports(trial_id=self._trial_id, reports=held)
             self._stored_at = time.monotonic()
+        if held and self._after_store is not None:
+            self._after_store()
 
 
 class DisplayFields:
     """The trial's progress and status: the latest value is stored when ``HOLD_S`` passed since the
-    last write (checked at every call and report), when asked (``now``), and at close."""
+    last write (checked at every call and report), when asked (``now``; ``write`` from any thread, e.g.
+    right after the reports are stored, so the progress a page shows goes with the batches it shows), and at
+    close."""
 
     def __init__(self, store: LocalStore, trial_id: int) -> None:
         self._store, self._trial_id = store, trial_id
         self._pending: dict[str, Any] = {}
         self._written_at = -math.inf
+        self._lock = threading.Lock()
 
     def set(self, field: str, value: Any, *, now: bool = False) -> None:
         """Hold ``value`` for ``field`` ("progress" or "status")."""
-        self._pending[field] = value
+        with self._lock:
+            self._pending[field] = value
         if now:
             self.write()
         else:
@@ -68,9 +77,10 @@ class DisplayFields:
 
     def write(self) -> None:
         """Write the held values now."""
-        pending, self._pending = self._pending, {}
-        if "progress" in pending:
-            self._store.set_trial_progress(self._trial_id, pending["progress"])
-        if "status" in pending:
-            self._store.set_trial_status(self._trial_id, pending["status"])
-        self._written_at = time.monotonic()
+        with self._lock:  # held while writing: an older value never lands after a newer one
+            pending, self._pending = self._pending, {}
+            if "progress" in pending:
+                self._store.set_trial_progress(self._trial_id, pending["progress"])
+            if "status" in pending:
+                self._store.set_trial_status(self._trial_id, pending["status"])
+            self._written_at = time.monotonic()

@@ -36,9 +36,9 @@
   }
   const api = (path) => request("GET", path);
 
-  function setLive(ok) {
+  function setLive(ok, text) {
     const live = document.getElementById("live");
-    live.textContent = ok ? "live" : "not updating";
+    live.textContent = ok ? "live" : text || "not updating";
     live.className = ok ? "" : "stale";
   }
 
@@ -60,10 +60,10 @@
         setLive(true);
         showError(null);
       } catch (err) {
-        setLive(false);
+        setLive(false, err.status === 410 ? "run folder gone" : null);  /* 410: deleted or replaced: restart */
         if (err.status === 404 && notFound) { notFound(err); return; }
         showError(err);
-        if (err.status === 404) return;
+        if (err.status === 404 || err.status === 410) return;
       }
       setTimeout(tick, POLL_MS);
     };
