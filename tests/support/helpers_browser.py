@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Watched", "chromium_path", "launched_chromium", "watched_page"]
+__all__ = ["Watched", "chromium", "chromium_path", "launched_chromium", "watched_page"]
 
 
 def chromium_path() -> str | None:
@@ -27,6 +27,20 @@ def launched_chromium(sync_api: Any, path: str) -> Iterator[Any]:
             yield launched
         finally:
             launched.close()
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """Debian's chromium under Playwright, closed afterwards; the test is skipped when playwright or chromium
+    is missing."""
+    import pytest
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    path = chromium_path()
+    if path is None:
+        pytest.skip("chromium is not installed and `make browser` could not install it (apt-get install chromium)")
+    with launched_chromium(sync_api, path) as browser:
+        yield browser
 
 
 @dataclass

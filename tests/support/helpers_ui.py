@@ -12,13 +12,10 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-from helpers_browser import chromium_path, launched_chromium
 
 from determined_trials.core import LocalStore
 
-__all__ = ["EVIL", "chromium", "login_url", "make_big_store", "make_store", "running_ui"]
+__all__ = ["EVIL", "login_url", "make_big_store", "make_store", "running_ui"]
 
 EVIL = '<img src=x onerror="window.__pwned=1">'
 
@@ -72,20 +69,6 @@ def make_big_store(run_dir: Path, *, trials: int = 200, training_rows: int = 4_5
     log.parent.mkdir(parents=True)
     log.write_text("".join(f"step {s} loss {1 / s}\n" for s in range(1, 200_001)))
     store.close()
-
-
-@contextmanager
-def chromium() -> Iterator[Any]:
-    """Debian's chromium under Playwright (`make browser` installs it; Playwright's own download is never used),
-    closed afterwards; the test is skipped when playwright or chromium is missing."""
-    import pytest
-
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    path = chromium_path()
-    if path is None:
-        pytest.skip("chromium is not installed and `make browser` could not install it (apt-get install chromium)")
-    with launched_chromium(sync_api, path) as browser:
-        yield browser
 
 
 def login_url(base: str, token: str, path: str = "/") -> str:

@@ -7,16 +7,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers_browser import Watched, chromium_path, launched_chromium, watched_page
+from helpers_browser import Watched, chromium, watched_page
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-    path = chromium_path()
-    if path is None:
-        pytest.skip("chromium is not installed and `make browser` could not install it (apt-get install chromium)")
-    with launched_chromium(sync_api, path) as launched:
+    with chromium() as launched:
         yield launched
 
 
