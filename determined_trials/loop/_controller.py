@@ -92,7 +92,6 @@ class Controller:
         self._progress: Progress | None = None
         self._checkpointer = Checkpointer(core=core, adapter=adapter, hooks=hooks)
         self._final_batch: int | None = None  # with max_length: nothing trains after this batch
-        self._full_batches = 1  # the current target's ``full``
 
     def run(self, latest_checkpoint: str | None = None) -> ExitReason:
         """Train until the length is reached, the trial is preempted or it asks to stop."""
@@ -146,9 +145,8 @@ class Controller:
             self._final_batch = self._to_batches(self._settings.max_length, shape)
         for target in self._targets(shape):
             self._progress.set_total(target.batches)
-            self._full_batches = target.full
             while self._state.batches_trained < target.batches:
-                if self._workload(schedule, target.batches):
+                if self._workload(schedule, target):
                     return self._exit_early()
                 if self._settings.test_mode:
                     break
@@ -163,16 +161,16 @@ class Controller:
             self._complete_reached_operations(shape)
         return ExitReason.COMPLETED
 
-    def _workload(self, schedule: Schedule, target: int) -> bool:
+    def _workload(self, schedule: Schedule, target: _Target) -> bool:
         """Train to the next boundary and process it; True when the trial must stop now."""
         state = self._state
         if self._settings.test_mode:
             end = state.batches_trained + 1
         else:
-            end = schedule.next_boundary(state.batches_trained, target)
+            end = schedule.next_boundary(state.batches_trained, target.batches)
         self._adapter.train(end - state.batches_trained, state, self._stop_check())
-        fired = schedule.fired(state.batches_trained, target)
-        self._end_workload()
+        fired = schedule.fired(state.batches_trained, target.batches)
+        self._end_workload(target.full)
         if self._exit is not None:
             return True
         if Boundary.VALIDATE in fired and state.last_validation != state.batches_trained:
@@ -237,7 +235,7 @@ class Controller:
 
     # -- boundaries ----------------------------------------------------------------------------
 
-    def _end_workload(self) -> None:
+    def _end_workload(self, full_batches: int) -> None:
         state = self._state
         metrics = self._adapter.training_metrics()
         self._checkpointer.poll()  # a background write that finished fires its hook now
@@ -246,7 +244,7 @@ class Controller:
         if self._is_chief:
             reported = {"batches": state.batches_trained, "epochs": state.epochs_trained, **metrics}
             # progress first: it is stored with the report of the same batches (TrainContext._report)
-            self._core.train.report_progress(trial_progress(state.batches_trained, self._full_batches))
+            self._core.train.report_progress(trial_progress(state.batches_trained, full_batches))
             self._core.train.report_training_metrics(steps_completed=state.batches_trained, metrics=reported)
             assert self._progress is not None
             self._progress.advance_to(state.batches_trained)
