@@ -4,15 +4,23 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv example example-trainer example-core test test-gpu gpu-wheels lint benchmark clean config-reference browser ui-screenshots
+.PHONY: venv azurite example example-trainer example-core test test-gpu gpu-wheels lint benchmark clean config-reference browser ui-screenshots
 
 venv: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[pytorch,deepspeed,ray,examples,ui,dev]' 'tensorflow-cpu>=2.16'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[pytorch,deepspeed,ray,examples,ui,dev,mlflow,wandb,gcs,azure,optuna,streaming]' 'tensorflow-cpu>=2.16'
 	touch $(STAMP)
+
+# Azurite (Azure Blob Storage's emulator, a Node package) for the Azure storage tests, into the venv.
+AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
+
+azurite: $(AZURITE)
+
+$(AZURITE):
+	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@3.37.0
 
 EXAMPLE_RUN_DIR := det-runs/digits_search
 TRAINER_EXAMPLE_RUN_DIR := det-runs/digits_pytorch
@@ -50,7 +58,7 @@ browser:
 		  ($$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium) \
 		  || echo "make browser: could not install chromium; the browser tests will be skipped"; }
 
-test: venv browser
+test: venv browser azurite
 	$(BIN)/python -m pytest -q
 
 # Screenshots of the dashboard's three pages for docs/ (docs/ui-*.png), taken by the browser tests' Chromium.
