@@ -11,6 +11,10 @@ __all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "connect", "ensure_schema"]
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 60.0
 
+# Columns added after a table was first released: (table, column, declaration). A file written by an older
+# version gets each missing one by ALTER TABLE when it is opened (new tables come from `_TABLES` itself).
+_ADDED_COLUMNS: list[tuple[str, str, str]] = []
+
 # The state columns hold ``_states``' values; their defaults are the first states (tests/test_states.py checks).
 _TABLES = """
 CREATE TABLE IF NOT EXISTS schema_version (
@@ -137,9 +141,18 @@ def ensure_schema(conn: sqlite3.Connection, db_path: Path) -> None:
         for statement in _TABLES.split(";"):
             if statement.strip():
                 conn.execute(statement)
-        if _stored_version(conn) is None:
+        _add_missing_columns(conn)
+        if (_stored_version(conn) or 0) < SCHEMA_VERSION:
             conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    """Upgrade a file written by an older version: add each column of `_ADDED_COLUMNS` it lacks."""
+    for table, column, declaration in _ADDED_COLUMNS:
+        present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
