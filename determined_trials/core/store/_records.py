@@ -166,9 +166,6 @@ def experiment_from_row(row: sqlite3.Row) -> Experiment:
         searcher_state=loads(row["searcher_state"]),
         start_time=_must_time(row["start_time"]),
         end_time=to_datetime(row["end_time"]),
-        parent_trial_id=row["parent_trial_id"],
-        parent_checkpoint=row["parent_checkpoint"],
-        search_round=row["search_round"],
     )
 
 
@@ -188,6 +185,9 @@ def trial_from_row(row: sqlite3.Row) -> Trial:
         restarts=row["restarts"],
         start_time=_must_time(row["start_time"]),
         end_time=to_datetime(row["end_time"]),
+        parent_trial_id=row["parent_trial_id"],
+        parent_checkpoint=row["parent_checkpoint"],
+        search_round=row["search_round"],
     )
 
 
