@@ -176,9 +176,14 @@ class PBTSearcher(_SearcherBase):
     length_per_round: MaxLength = Field(
         description="how long each trial trains per round, e.g. `length_per_round: {batches: 600}`"
     )
-    replace_function: PBTReplace = Field(description="e.g. `replace_function: {truncate_fraction: 0.2}`")
+    replace_function: PBTReplace = Field(
+        description="`truncate_fraction` (0 to 1): the worst floor(truncate_fraction x population_size) trials "
+        "are replaced each round by children of as many best, e.g. `replace_function: {truncate_fraction: 0.2}`"
+    )
     explore_function: PBTExplore = Field(
-        description="e.g. `explore_function: {resample_probability: 0.2, perturb_factor: 0.2}`"
+        description="a child's hyperparameters: each resampled with `resample_probability` (0 to 1), else a "
+        "number times 1 - or 1 + `perturb_factor` (0 to 1), kept in its range, e.g. "
+        "`explore_function: {resample_probability: 0.2, perturb_factor: 0.2}`"
     )
 
     @model_validator(mode="after")

@@ -13,21 +13,13 @@ from __future__ import annotations
 import copy
 import math
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from determined_trials.config import CategoricalHP, ConstHP, DoubleHP, IntHP, LogHP
-from determined_trials.config._hparams import parse_space
+from determined_trials.config import DoubleHP, IntHP, LogHP
+from determined_trials.config._hparams import _leaves, _sample_one, parse_space
 
 __all__ = ["explore_hparams"]
-
-
-def _leaves(space: Mapping[str, Any], route: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    for name, spec in space.items():
-        if isinstance(spec, dict):
-            yield from _leaves(spec, (*route, name))
-        else:
-            yield (*route, name), spec
 
 
 def _get(hparams: Mapping[str, Any], route: tuple[str, ...]) -> Any:
@@ -42,18 +34,6 @@ def _set(hparams: dict[str, Any], route: tuple[str, ...], value: Any) -> None:
     for part in route[:-1]:
         node = node.setdefault(part, {})
     node[route[-1]] = value
-
-
-def _resample(spec: Any, rng: random.Random) -> Any:
-    if isinstance(spec, IntHP):
-        return rng.randint(spec.minval, spec.maxval)
-    if isinstance(spec, DoubleHP):
-        return rng.uniform(spec.minval, spec.maxval)
-    if isinstance(spec, LogHP):
-        return spec.base ** rng.uniform(spec.minval, spec.maxval)
-    if isinstance(spec, CategoricalHP):
-        return copy.deepcopy(rng.choice(spec.vals))
-    return copy.deepcopy(spec.val if isinstance(spec, ConstHP) else spec)
 
 
 def _clamp(value: float, low: float, high: float) -> float:
@@ -82,7 +62,7 @@ def explore_hparams(
     child = copy.deepcopy(dict(parent))
     for route, spec in sorted(_leaves(parsed), key=lambda leaf: ".".join(leaf[0])):
         if rng.random() < resample_probability:
-            _set(child, route, _resample(spec, rng))
+            _set(child, route, _sample_one(spec, rng))
         else:
             decrease = rng.random() < 0.5
             _set(child, route, _perturb(spec, _get(parent, route), decrease, perturb_factor))

@@ -61,10 +61,10 @@ def reapply_optimizer_settings(
                 group["initial_lr"] = made.get("initial_lr", made.get("lr"))
     for wrapped in schedulers:
         scheduler = getattr(wrapped, "scheduler", wrapped)
-        opt = getattr(scheduler, "optimizer", None)
-        if opt is None or not any(opt is o for o in optimizers):
+        driven = getattr(scheduler, "optimizer", None)
+        if driven is None or not any(driven is o for o in optimizers):
             continue
         if hasattr(scheduler, "base_lrs"):
-            scheduler.base_lrs = [g.get("initial_lr", g["lr"]) for g in opt.param_groups]
+            scheduler.base_lrs = [g.get("initial_lr", g["lr"]) for g in driven.param_groups]
         if hasattr(scheduler, "_last_lr"):
-            scheduler._last_lr = [g["lr"] for g in opt.param_groups]
+            scheduler._last_lr = [g["lr"] for g in driven.param_groups]
