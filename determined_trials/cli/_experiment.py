@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from determined_trials._format import Column, emit, jsonable, local_time, text
-from determined_trials.cli import _common, _trial
+from determined_trials.cli import _common, _search, _trial
 from determined_trials.core.store._local import Experiment, LocalStore
 
 __all__ = ["register"]
@@ -85,6 +85,7 @@ def _summary_lines(store: LocalStore, exp: Experiment) -> list[tuple[str, str]]:
         ("ended", local_time(exp.end_time)),
         ("searcher", searcher),
         ("best validation", "" if best is None else f"{metric} = {text(best)}"),
+        ("best trial", _search.best_trial_line(store, exp)),
         ("checkpoints", str(len(store.checkpoints(experiment_id=exp.id)))),
     ]
     return [(k, v) for k, v in pairs if v]
@@ -98,6 +99,7 @@ def _describe(args: argparse.Namespace) -> int:
         record = jsonable(exp)
         record["trials"] = jsonable(trials)
         record["checkpoints"] = jsonable(store.checkpoints(experiment_id=exp.id))
+        record["best_trial"] = jsonable(_search.best_trial(store, exp))
         sys.stdout.write(json.dumps(record, indent=2, allow_nan=False) + "\n")
         return 0
     out = sys.stdout
@@ -107,6 +109,7 @@ def _describe(args: argparse.Namespace) -> int:
     out.writelines(f"  {k + ':':<{width + 1}} {v}\n" for k, v in pairs)
     out.write(f"\nTrials ({len(trials)}):\n")
     _trial.write_trial_table(out, trials, fit=_common.table_width(args))
+    _search.write_lineage(out, store, exp, trials, fit=_common.table_width(args))
     out.write("\nConfig:\n")
     out.write(yaml.safe_dump(jsonable(exp.config), sort_keys=False, default_flow_style=False))
     return 0

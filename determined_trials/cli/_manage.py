@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from determined_trials._format import flat_hparams, local_time, text
-from determined_trials.cli import _common
+from determined_trials.cli import _common, _search
 from determined_trials.cli._run import checkpoint_storage_for, group_of
 from determined_trials.core.store import RunState
 from determined_trials.core.store._local import LocalStore
@@ -126,6 +126,7 @@ def _describe(args: argparse.Namespace) -> int:
         ("ended", local_time(trial.end_time)),
         ("checkpoints", str(len(checkpoints))),
         ("latest checkpoint", f"{latest.uuid} (step {latest.steps_completed})" if latest else None),
+        *_search.lineage_pairs(trial),
     ]
     for group in ("training", "validation"):
         records = store.metrics(trial.id, group)

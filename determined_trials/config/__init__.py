@@ -30,6 +30,7 @@ from determined_trials.config._schema import (
 from determined_trials.config._searcher import (
     AdaptiveASHASearcher,
     GridSearcher,
+    PBTSearcher,
     RandomSearcher,
     SearcherConfig,
     SingleSearcher,
@@ -51,6 +52,7 @@ __all__ = [
     "DoubleHP",
     "ExperimentConfig",
     "GridSearcher",
+    "PBTSearcher",
     "HParamSpec",
     "IntHP",
     "Length",

@@ -46,6 +46,9 @@ DETERMINED_KEYS: Mapping[str, frozenset[str]] = {
         "bracket_rungs", "max_trials", "mode", "divisor", "max_rungs", "max_concurrent_trials", "time_metric",
         "max_time", "stop_once",
     },
+    "searcher.pbt": _SEARCHER_COMMON | {
+        "population_size", "num_rounds", "length_per_round", "replace_function", "explore_function",
+    },
     "checkpoint_storage.shared_fs": _STORAGE_COMMON | {
         "host_path", "storage_path", "propagation", "container_path", "checkpoint_path", "tensorboard_path",
     },

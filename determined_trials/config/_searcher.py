@@ -9,11 +9,14 @@ from pydantic import Field, model_validator
 
 from determined_trials.config._base import ConfigProblems, StrictModel, tagged_union
 from determined_trials.config._det_keys import ConfigWarning, drop_unused_keys
-from determined_trials.config._length import MaxLength
+from determined_trials.config._length import Length, MaxLength
 
 __all__ = [
     "AdaptiveASHASearcher",
     "GridSearcher",
+    "PBTExplore",
+    "PBTReplace",
+    "PBTSearcher",
     "RandomSearcher",
     "SearcherConfig",
     "SingleSearcher",
@@ -136,10 +139,72 @@ class AdaptiveASHASearcher(_SearcherBase):
         return self
 
 
+class PBTReplace(StrictModel):
+    """`replace_function`: how many of the population a round replaces."""
+
+    truncate_fraction: float = Field(
+        ge=0.0, le=1.0, allow_inf_nan=False,
+        description="the worst fraction of the population replaced each round by children of the best "
+        "(floor(truncate_fraction * population_size) trials), e.g. `truncate_fraction: 0.2`",
+    )
+
+
+class PBTExplore(StrictModel):
+    """`explore_function`: how a child's hyperparameters move away from its parent's."""
+
+    resample_probability: float = Field(
+        ge=0.0, le=1.0, allow_inf_nan=False,
+        description="the chance that a child's hyperparameter is drawn afresh from its range; otherwise a "
+        "number is multiplied by 1 - perturb_factor or 1 + perturb_factor, e.g. `resample_probability: 0.2`",
+    )
+    perturb_factor: float = Field(
+        ge=0.0, le=1.0, allow_inf_nan=False,
+        description="how far a kept number moves: times (1 ± perturb_factor), within its range, e.g. "
+        "`perturb_factor: 0.2`",
+    )
+
+
+class PBTSearcher(_SearcherBase):
+    """Population-based training, in Determined's `searcher-pbt` schema: `population_size` trials train
+    `length_per_round`; each round the worst `truncate_fraction` is replaced by children of the best, which
+    continue from their parent's checkpoint with explored hyperparameters, for `num_rounds` rounds.
+    `max_length` is `num_rounds` × `length_per_round` (set for you)."""
+
+    name: Literal["pbt"] = "pbt"
+    population_size: int = Field(ge=1, description="how many trials train in every round, e.g. `population_size: 8`")
+    num_rounds: int = Field(ge=1, description="how many rounds of training, e.g. `num_rounds: 4`")
+    length_per_round: MaxLength = Field(
+        description="how long each trial trains per round, e.g. `length_per_round: {batches: 600}`"
+    )
+    replace_function: PBTReplace = Field(
+        description="`truncate_fraction` (0 to 1): the worst floor(truncate_fraction x population_size) trials "
+        "are replaced each round by children of as many best, e.g. `replace_function: {truncate_fraction: 0.2}`"
+    )
+    explore_function: PBTExplore = Field(
+        description="a child's hyperparameters: each resampled with `resample_probability` (0 to 1), else a "
+        "number times 1 - or 1 + `perturb_factor` (0 to 1), kept in its range, e.g. "
+        "`explore_function: {resample_probability: 0.2, perturb_factor: 0.2}`"
+    )
+
+    @model_validator(mode="after")
+    def _check_max_length(self) -> PBTSearcher:
+        per_round = self.length_per_round
+        full = Length(per_round.value * self.num_rounds, per_round.unit)
+        if self.max_length is None:
+            object.__setattr__(self, "max_length", full)  # frozen: set once, while validating
+        elif self.max_length != full:
+            raise ConfigProblems.at(
+                ("max_length",), f"pbt trains num_rounds x length_per_round = {full}; max_length says "
+                f"{self.max_length}: drop max_length (it is set for you)"
+            )
+        return self
+
+
 SearcherConfig = tagged_union(
     {
         "single": SingleSearcher, "grid": GridSearcher, "random": RandomSearcher,
         "adaptive_asha": AdaptiveASHASearcher,
+        "pbt": PBTSearcher,
     },
     key="name",
     what="a mapping with `name:` and `metric:`",

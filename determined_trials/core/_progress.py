@@ -25,7 +25,8 @@ def trial_progress(trained: float, full: float) -> float:
 
 def planned_trials(config: Mapping[str, Any]) -> int | None:
     """How many trials the experiment's searcher runs (``single``: 1, ``random`` and ``adaptive_asha``:
-    ``max_trials``, ``grid``: the grid's points), or None when the config does not say."""
+    ``max_trials``, ``grid``: the grid's points, ``pbt``: its population and children), or None when the
+    config does not say."""
     searcher = config.get("searcher")
     if not isinstance(searcher, Mapping):
         return None
@@ -34,8 +35,20 @@ def planned_trials(config: Mapping[str, Any]) -> int | None:
         return 1
     if name == "grid":
         return _grid_size(json.dumps(config.get("hyperparameters") or {}, sort_keys=True, default=str))
+    if name == "pbt":
+        return _pbt_trials(searcher)
     count = searcher.get("max_trials")
     return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+
+
+def _pbt_trials(searcher: Mapping[str, Any]) -> int | None:
+    """PBT's trials: the first population plus floor(truncate_fraction × population) children a round after it."""
+    try:
+        size, rounds = int(searcher["population_size"]), int(searcher["num_rounds"])
+        replaced = int(float(searcher["replace_function"]["truncate_fraction"]) * size + 1e-9)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return size + (rounds - 1) * replaced
 
 
 @functools.lru_cache(maxsize=64)

@@ -7,6 +7,7 @@ import signal
 from typing import Any
 
 from determined_trials.core.store import RunState
+from determined_trials.core.store._checkpoint_recovery import recover_checkpoints
 from determined_trials.experiment._reported import metric_from_validations, missing_metric_reason
 from determined_trials.experiment._runner_state import RunnerState, RunningTrial, Work
 from determined_trials.launch import PREEMPTED_EXIT_CODE
@@ -16,6 +17,7 @@ __all__ = ["TrialOutcomes", "killed_from_outside"]
 # Signals sent from outside the trial (an OOM killer, a node agent, a person): a death by one says nothing
 # about the trial's code. A crash the process brings on itself (SIGSEGV, SIGABRT, SIGBUS, ...) does.
 _OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+_WAITING = "waiting for the rest of the population to finish the round"
 
 
 class TrialOutcomes(RunnerState):
@@ -46,13 +48,17 @@ class TrialOutcomes(RunnerState):
                 self._say(f"trial {trial_id} {why}")
             self.store.set_trial_state(trial_id, RunState.COMPLETED, why)
             self._collect([trial_id])
-            self._add_requests(self._searcher.on_trial_exited_early(work.request_id))
+            self._add_requests(self._searcher.on_trial_exited_early(work.request_id), work)
+            self._requeue_promoted()  # an early exit may end a PBT round too
             return
-        self._add_requests(self._searcher.on_validation(work.request_id, running.length, metric))
+        self._add_requests(self._searcher.on_validation(work.request_id, running.length, metric), work)
         following = self._searcher.next_length(work.request_id)
         if following is not None and following > running.length:
             self.store.set_trial_state(trial_id, RunState.ACTIVE)
             self._queue.insert(0, work)
+        elif self._waiting(work):  # PBT: done with this round, kept (checkpoints too) until the round ends
+            self.store.set_trial_state(trial_id, RunState.PAUSED, _WAITING)
+            self._ended_by_searcher[trial_id] = (work, running.length)
         else:
             self.store.set_trial_state(trial_id, RunState.COMPLETED)
             self._ended_by_searcher[trial_id] = (work, running.length)
@@ -108,17 +114,45 @@ class TrialOutcomes(RunnerState):
         done = [op for op in self.store.searcher_ops(trial_id) if op.completed and op.length == length]
         return done[-1].metric if done else None
 
-    def _add_requests(self, requests: list[Any]) -> None:
-        self._queue.extend(Work(r.request_id, dict(r.hparams), int(r.seed)) for r in requests)
+    def _add_requests(self, requests: list[Any], current: Work) -> None:
+        """Queue the searcher's new trials (``current``: the trial whose end the searcher was just told)."""
+        for r in requests:
+            work = Work(r.request_id, dict(r.hparams), int(r.seed), search_round=getattr(r, "search_round", None))
+            parent = getattr(r, "parent_request_id", None)
+            if parent is not None:
+                work.parent_trial_id, work.warm_start = self._parent_checkpoint(parent, current)
+            self._queue.append(work)
+
+    def _parent_checkpoint(self, request_id: int, current: Work) -> tuple[int, str]:
+        """The trial of request ``request_id`` and its latest checkpoint, which a PBT child starts from."""
+        known = [w for w, _ in self._ended_by_searcher.values()] + [r.work for r in self._running.values()]
+        known += [*self._queue, current]
+        trial_id = next((w.trial_id for w in known if w.request_id == request_id and w.trial_id is not None), None)
+        if trial_id is None:
+            raise RuntimeError(f"the searcher named request {request_id} as a parent, but no trial of it is known")
+        recover_checkpoints(self.store, self._storage, trial_id)
+        latest = self.store.latest_checkpoint(trial_id)
+        if latest is None:
+            raise RuntimeError(f"trial {trial_id} is a PBT parent but wrote no checkpoint: a trial must checkpoint "
+                               "at the end of each round (the Trainer does; a Core API script must store_path)")
+        return trial_id, latest.uuid
+
+    def _waiting(self, work: Work) -> bool:
+        waiting = getattr(self._searcher, "waiting", None)  # optional: searchers that hold trials between rounds
+        return bool(waiting and waiting(work.request_id))
 
     def _requeue_promoted(self) -> None:
-        """Trials the searcher had stopped but now gives a longer length (a later ASHA promotion)."""
+        """Trials the searcher had stopped but now gives a longer length (a later ASHA promotion, PBT's next
+        round); a trial that waited for its round's end and is not continued ends now."""
         for trial_id, (work, length) in list(self._ended_by_searcher.items()):
             following = self._searcher.next_length(work.request_id)
             if following is not None and following > length:
                 del self._ended_by_searcher[trial_id]
                 self.store.set_trial_state(trial_id, RunState.ACTIVE)
                 self._queue.insert(0, work)
+            elif not self._waiting(work) and self.store.trial(trial_id).state == RunState.PAUSED:
+                self.store.set_trial_state(trial_id, RunState.COMPLETED)
+                self._collect([trial_id])
 
 
 def killed_from_outside(code: int) -> bool:

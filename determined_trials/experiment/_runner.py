@@ -103,7 +103,9 @@ class ExperimentRunner(TrialOutcomes):
     def _start(self, work: Work) -> None:
         if work.trial_id is None:
             work.trial_id = self.store.create_trial(
-                experiment_id=self.experiment_id, hparams=work.hparams, seed=work.seed
+                experiment_id=self.experiment_id, hparams=work.hparams, seed=work.seed,
+                parent_trial_id=work.parent_trial_id, parent_checkpoint=work.warm_start,
+                search_round=work.search_round,
             )
         trial_id = work.trial_id
         length = self._searcher.next_length(work.request_id)
@@ -114,6 +116,8 @@ class ExperimentRunner(TrialOutcomes):
         trial = self.store.trial(trial_id)
         recover_checkpoints(self.store, self._storage, trial_id)  # a checkpoint published before a kill counts
         latest = self.store.latest_checkpoint(trial_id)
+        if latest is None and work.warm_start is not None:  # a PBT child: its parent's checkpoint is its own
+            latest = self.store.checkpoint(work.warm_start)
         launch = TrialLaunch(
             experiment_id=self.experiment_id, trial_id=trial_id, hparams=work.hparams, seed=work.seed,
             config=self._config_dict, length=int(length), latest_checkpoint=latest.uuid if latest else None,

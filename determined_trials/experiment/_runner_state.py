@@ -20,12 +20,17 @@ _STATE_VERSION = 1
 
 @dataclasses.dataclass
 class Work:
-    """A trial to start (or start again): the searcher's request and, once created, its trial id."""
+    """A trial to start (or start again): the searcher's request and, once created, its trial id. A PBT
+    child also carries its lineage: the checkpoint it starts from (``warm_start``, resolved when the
+    searcher asked for it), the parent trial and the round it starts in."""
 
     request_id: int
     hparams: dict[str, Any]
     seed: int
     trial_id: int | None = None
+    warm_start: str | None = None
+    parent_trial_id: int | None = None
+    search_round: int | None = None
 
 
 @dataclasses.dataclass
@@ -81,7 +86,8 @@ class RunnerState:
     # -- set-up and saved state -----------------------------------------------------------------
     def start_fresh(self) -> None:
         """Queue the searcher's initial trials."""
-        self._queue = [Work(r.request_id, dict(r.hparams), int(r.seed)) for r in self._searcher.initial_trials()]
+        self._queue = [Work(r.request_id, dict(r.hparams), int(r.seed), search_round=r.search_round)
+                       for r in self._searcher.initial_trials()]
 
     def state_dict(self) -> dict[str, Any]:
         """The runner's and the searcher's resumable state (JSON-able)."""
@@ -118,7 +124,8 @@ class RunnerState:
         return self._echoes[trial_id]
 
     def _collect(self, trial_ids: list[int]) -> None:
-        collect_garbage(self.store, self._storage, self.experiment_id, trial_ids, self._policy)
+        starts = {w.warm_start for w in self._queue + [r.work for r in self._running.values()] if w.warm_start}
+        collect_garbage(self.store, self._storage, self.experiment_id, trial_ids, self._policy, protect=starts)
 
     def _say(self, message: str) -> None:
         self._display.echo(f"det-trials: {message}")

@@ -5,6 +5,8 @@ May import: errors, config
 """
 
 from determined_trials.searcher._base import Searcher, TrialRequest, trial_seed
+from determined_trials.searcher._explore import explore_hparams
+from determined_trials.searcher._pbt import PBTSearch
 from determined_trials.searcher._rungs import RungSearch, promotes
 from determined_trials.searcher._searchers import (
     AdaptiveASHASearch,
@@ -18,12 +20,14 @@ from determined_trials.searcher._searchers import (
 __all__ = [
     "AdaptiveASHASearch",
     "GridSearch",
+    "PBTSearch",
     "RandomSearch",
     "RungSearch",
     "Searcher",
     "SingleSearch",
     "TrialRequest",
     "asha_rung_lengths",
+    "explore_hparams",
     "make_searcher",
     "promotes",
     "trial_seed",

@@ -13,11 +13,17 @@ _SEED_MASK = 2**31 - 1
 
 @dataclass(frozen=True)
 class TrialRequest:
-    """A trial the runner should create: the searcher's id for it, its hparams and its seed."""
+    """A trial the runner should create: the searcher's id for it, its hparams and its seed.
+
+    A searcher that continues trials from others' checkpoints (PBT) also names the ``parent_request_id``
+    whose latest checkpoint the new trial starts from (the runner resolves it to a checkpoint uuid when the
+    request is made) and the ``search_round`` it starts in; both stay None for every other searcher."""
 
     request_id: int
     hparams: dict[str, Any]
     seed: int
+    parent_request_id: int | None = None
+    search_round: int | None = None
 
 
 @runtime_checkable

@@ -11,6 +11,7 @@ from determined_trials.config import (
     AdaptiveASHASearcher,
     ExperimentConfig,
     GridSearcher,
+    PBTSearcher,
     RandomSearcher,
     SingleSearcher,
     grid_points,
@@ -18,6 +19,7 @@ from determined_trials.config import (
 )
 from determined_trials.errors import ConfigError
 from determined_trials.searcher._base import Searcher
+from determined_trials.searcher._pbt import PBTSearch
 from determined_trials.searcher._rungs import RungSearch
 
 __all__ = [
@@ -160,4 +162,17 @@ def make_searcher(config: ExperimentConfig, *, experiment_seed: int | None = Non
             max_concurrent=searcher.max_concurrent_trials, divisor=searcher.divisor,
             max_rungs=searcher.max_rungs, smaller_is_better=searcher.smaller_is_better, mode=searcher.mode,
         )
+    if isinstance(searcher, PBTSearcher):
+        return _pbt_search(searcher, space, seed)
     raise ConfigError(f"unknown searcher {searcher.name!r}; use single, grid, random or adaptive_asha")
+
+
+def _pbt_search(searcher: PBTSearcher, space: Mapping[str, Any], seed: int) -> PBTSearch:
+    return PBTSearch(
+        dict(space), population_size=searcher.population_size, num_rounds=searcher.num_rounds,
+        length_per_round=searcher.length_per_round.value,
+        truncate_fraction=searcher.replace_function.truncate_fraction,
+        resample_probability=searcher.explore_function.resample_probability,
+        perturb_factor=searcher.explore_function.perturb_factor, experiment_seed=seed,
+        smaller_is_better=searcher.smaller_is_better,
+    )

@@ -22,6 +22,7 @@ from determined_trials.experiment._control import activate_experiment, kill_expe
 from determined_trials.experiment._errors import ExperimentError
 from determined_trials.ui import _data
 from determined_trials.ui._auth import TokenGate
+from determined_trials.ui._search import search_view
 from determined_trials.ui._watch import StoreWatch
 
 __all__ = ["STATIC_DIR", "UiSettings", "create_app"]
@@ -146,6 +147,7 @@ def create_app(settings: UiSettings) -> Starlette:
         Route("/api/v1/experiments/{id:int}/trials", api(lambda r: _data.trials(store, ident(r, "experiment")))),
         Route("/api/v1/experiments/{id:int}/metrics",
               api(lambda r: _experiment_metric(store, r, ident(r, "experiment")))),
+        Route("/api/v1/experiments/{id:int}/search", api(lambda r: search_view(store, ident(r, "experiment")))),
         Route("/api/v1/experiments/{id:int}/{action:str}", action, methods=["POST"]),
         Route("/api/v1/trials/{id:int}", api(lambda r: _data.trial(store, ident(r, "trial")))),
         Route("/api/v1/trials/{id:int}/metrics", api(lambda r: _data.trial_metrics(

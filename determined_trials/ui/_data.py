@@ -145,6 +145,7 @@ def _trial_dict(t: Trial, steps: int | None, best: float | None) -> dict[str, An
         "hparams": t.hparams, "seed": t.seed, "restarts": t.restarts, "progress": t.progress,
         "early_exit_reason": t.early_exit_reason, "batches": steps, "best_metric": best,
         "start_time": _iso(t.start_time), "end_time": _iso(t.end_time),
+        "parent_trial_id": t.parent_trial_id, "parent_checkpoint": t.parent_checkpoint, "search_round": t.search_round,
     })
 
 

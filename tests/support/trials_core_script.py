@@ -51,6 +51,7 @@ def main() -> None:
         if ctx.info.latest_checkpoint:
             with ctx.checkpoint.restore_path(ctx.info.latest_checkpoint) as path:
                 state = json.loads((path / "state.json").read_text())
+            print(f"loaded checkpoint {ctx.info.latest_checkpoint}")
             print(f"resumed at step {state['step']}")
         metric = None
         for op in ctx.searcher.operations():

@@ -64,6 +64,9 @@ class Trial:
     restarts: int
     start_time: _dt.datetime
     end_time: _dt.datetime | None
+    parent_trial_id: int | None = None  # PBT lineage: the trial whose checkpoint this one started from,
+    parent_checkpoint: str | None = None  # that checkpoint's uuid,
+    search_round: int | None = None  # and the round (from 1) it started in
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,9 @@ def trial_from_row(row: sqlite3.Row) -> Trial:
         restarts=row["restarts"],
         start_time=_must_time(row["start_time"]),
         end_time=to_datetime(row["end_time"]),
+        parent_trial_id=row["parent_trial_id"],
+        parent_checkpoint=row["parent_checkpoint"],
+        search_round=row["search_round"],
     )
 
 

@@ -83,13 +83,14 @@ def kept_checkpoints(
 
 def collect_garbage(
     store: LocalStore, storage: StorageManager, experiment_id: int, trial_ids: Iterable[int],
-    policy: RetentionPolicy,
+    policy: RetentionPolicy, protect: Iterable[str] = (),
 ) -> list[str]:
-    """Delete the checkpoints of ``trial_ids`` (ended trials) the policy does not keep; returns their uuids."""
+    """Delete the checkpoints of ``trial_ids`` (ended trials) the policy does not keep, nor ``protect`` names
+    (e.g. the checkpoint a PBT child is still to start from); returns their uuids."""
     ids = set(trial_ids)
     for trial_id in ids:  # ended trials: settle what a killed writer left before deciding what to keep
         recover_checkpoints(store, storage, trial_id)
-    keep = kept_checkpoints(store, experiment_id, ids, policy)
+    keep = kept_checkpoints(store, experiment_id, ids, policy) | set(protect)
     deleted = []
     for ckpt in store.checkpoints(experiment_id=experiment_id):
         if ckpt.trial_id in ids and ckpt.uuid not in keep:

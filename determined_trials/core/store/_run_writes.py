@@ -101,12 +101,18 @@ class RunWrites(StoreConnection):
         return (int(rows[0][0]), float(rows[0][1])) if rows else None
 
     # -- trials -----------------------------------------------------------------------------------
-    def create_trial(self, *, experiment_id: int, hparams: dict[str, Any], seed: int) -> int:
-        """Record a new ACTIVE trial of the experiment and return its id."""
+    def create_trial(
+        self, *, experiment_id: int, hparams: dict[str, Any], seed: int, parent_trial_id: int | None = None,
+        parent_checkpoint: str | None = None, search_round: int | None = None,
+    ) -> int:
+        """Record a new ACTIVE trial of the experiment and return its id; a PBT child also records its
+        lineage (the parent trial, the checkpoint it starts from, the round it starts in)."""
         return self._insert(
             ("experiment", experiment_id),
-            "INSERT INTO trials (experiment_id, hparams, seed, start_time) VALUES (?, ?, ?, ?)",
-            (int(experiment_id), dumps(hparams, "hparams"), int(seed), now()),
+            "INSERT INTO trials (experiment_id, hparams, seed, start_time, parent_trial_id, parent_checkpoint, "
+            "search_round) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (int(experiment_id), dumps(hparams, "hparams"), int(seed), now(), parent_trial_id, parent_checkpoint,
+             search_round),
         )
 
     def set_trial_state(self, trial_id: int, state: str, reason: str | None = None) -> None:

@@ -8,12 +8,16 @@ from pathlib import Path
 
 __all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "connect", "ensure_schema"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 60.0
 
 # Columns added after a table was first released: (table, column, declaration). A file written by an older
 # version gets each missing one by ALTER TABLE when it is opened (new tables come from `_TABLES` itself).
-_ADDED_COLUMNS: list[tuple[str, str, str]] = []
+_ADDED_COLUMNS: list[tuple[str, str, str]] = [
+    ("trials", "parent_trial_id", "INTEGER"),  # PBT lineage: the trial whose checkpoint this one started from,
+    ("trials", "parent_checkpoint", "TEXT"),  # that checkpoint's uuid,
+    ("trials", "search_round", "INTEGER"),  # and the round (from 1) it started in
+]
 
 # The state columns hold ``_states``' values; their defaults are the first states (tests/test_states.py checks).
 _TABLES = """
@@ -46,7 +50,10 @@ CREATE TABLE IF NOT EXISTS trials (
     early_exit_reason TEXT,
     restarts          INTEGER NOT NULL DEFAULT 0,
     start_time        REAL NOT NULL,
-    end_time          REAL
+    end_time          REAL,
+    parent_trial_id   INTEGER,
+    parent_checkpoint TEXT,
+    search_round      INTEGER
 );
 CREATE INDEX IF NOT EXISTS trials_by_experiment ON trials(experiment_id, id);
 CREATE TABLE IF NOT EXISTS metrics (

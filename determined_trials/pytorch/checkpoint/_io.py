@@ -24,6 +24,11 @@ import torch.utils.serialization  # noqa: F401 - torch.save imports it on first 
 
 from determined_trials.loop import HookRunner
 from determined_trials.pytorch.checkpoint._snapshot import copy_to_host, wait_copied
+from determined_trials.pytorch.checkpoint._warm_start import (
+    hparams_changed,
+    optimizer_settings,
+    reapply_optimizer_settings,
+)
 from determined_trials.pytorch.parallel._ddp import plain_module, plain_state_dict
 
 if TYPE_CHECKING:
@@ -240,12 +245,16 @@ def read_state_file(path: Path, *, weights_only: bool = True) -> dict[str, Any]:
 
 
 def load_trial_state(path: Path, context: PyTorchTrialContext, hooks: HookRunner) -> None:
-    """Restore models, optimizers, schedulers, scalers, callbacks and RNGs from ``path``."""
+    """Restore models, optimizers, schedulers, scalers, callbacks and RNGs from ``path``; written with other
+    hyperparameters (a PBT child's start), the optimizers keep the settings ``__init__`` built (``_warm_start``)."""
     checkpoint = read_state_file(path)
     hooks.call("on_checkpoint_load_start", checkpoint)
     load_models(checkpoint, context.models, path)
+    built = optimizer_settings(context.optimizers)
     _load_list("optimizer", checkpoint["optimizers_state_dict"], context.optimizers, path)
     _load_list("LR scheduler", checkpoint["lr_schedulers_state_dict"], context.lr_schedulers, path)
+    if hparams_changed(path / LOAD_DATA_FILE, context.get_hparams()):  # e.g. a PBT child with explored hparams
+        reapply_optimizer_settings(context.optimizers, context.lr_schedulers, built)
     _load_list("scaler", checkpoint.get("scalers_state_dict", []), context.scalers, path)
     hooks.load_state_dict(checkpoint.get("callbacks", {}))
     _restore_pending_gradients(checkpoint.get("pending_gradients", []), context.models)

@@ -274,6 +274,44 @@
     box.replaceChildren(...parts);
   }
 
+  /* The search: the best-so-far of the searcher metric against trial number (every searcher) and, for PBT,
+     the lineage by the round each trial started in (its parent trial and the checkpoint it continued). */
+  function searchBlock(id) {
+    const chart = el("div", { id: "best-so-far" });
+    const lineage = el("div", { id: "lineage" });
+    const section = el("section", { id: "search" }, el("h2", {}, "Search"), chart, lineage);
+    let seen = "";
+    const trialLink = (tid) => tid === null || tid === undefined ? "—" : el("a", { href: "/trials/" + tid }, String(tid));
+    const drawLineage = (rows, metric) => {
+      if (!rows.length) { lineage.replaceChildren(); return; }
+      const rounds = Array.from(new Set(rows.map((r) => r.round))).sort((a, b) => a - b);
+      lineage.replaceChildren(el("h3", {}, "PBT lineage"), ...rounds.map((round) => el("div", { class: "table-wrap" },
+        el("table", { class: "lineage", "data-round": round },
+          el("caption", {}, "Round " + round + (round === rounds[0] ? ": the first population" : ": children of the best")),
+          el("thead", {}, el("tr", {}, ["Trial", "Parent", "Parent checkpoint", "State", "Best " + (metric || "metric"), "Hyperparameters"].map((h) => el("th", {}, h)))),
+          el("tbody", {}, rows.filter((r) => r.round === round).map((r) => el("tr", { "data-id": r.trial_id },
+            el("td", {}, trialLink(r.trial_id)), el("td", { "data-col": "parent" }, trialLink(r.parent_trial_id)),
+            el("td", { class: "clip", "data-col": "parent-checkpoint", title: r.parent_checkpoint }, r.parent_checkpoint || "—"),
+            el("td", {}, stateBadge(r.state)), el("td", {}, fmtNum(r.best_metric)),
+            el("td", { class: "clip" }, Object.entries(flatten(r.hparams, "", {})).map(([k, v]) => k + "=" + fmtNum(v)).join(" ")))))))));
+    };
+    return {
+      section: section,
+      refresh: async () => {
+        const s = await api("/api/v1/experiments/" + id + "/search");
+        const key = JSON.stringify([s.best_so_far, s.lineage.map((r) => [r.trial_id, r.state, r.best_metric])]);
+        if (key === seen) return;
+        seen = key;
+        const pts = s.best_so_far;
+        chart.replaceChildren(pts.length ? C.lineChart({
+          title: "Best " + s.metric + " so far, by trial number", width: 640, height: 260, xLabel: "trial number", yLabel: s.metric,
+          series: [{ id: "best", label: "best so far", color: C.color(0), xs: pts.map((p) => p.number), ys: pts.map((p) => p.best) }],
+        }) : el("p", { class: "muted" }, "No validation values of the searcher metric yet."));
+        drawLineage(s.lineage, s.metric);
+      },
+    };
+  }
+
   function experimentPage(id) {
     document.title = "Experiment " + id + " · det-trials";
     const title = el("h1", { id: "title" }, "Experiment " + id);
@@ -287,10 +325,12 @@
     const metricSel = el("select", { id: "curve-metric" });
     const curves = el("div", { id: "curves" });
     const hpBox = el("div", { id: "hparams" });
+    const search = searchBlock(id);
     main(title, summary, actions.bar,
       el("section", {}, el("h2", {}, "Trials"), tableBox),
       el("section", {}, el("h2", {}, "Learning curves"), el("div", {}, groupSel, metricSel), curves),
-      el("section", {}, el("h2", {}, "Hyperparameters against the searcher metric"), hpBox));
+      el("section", {}, el("h2", {}, "Hyperparameters against the searcher metric"), hpBox),
+      search.section);
     let exp = null, last = "", curveKey = "";
     const chosen = { group: null, metric: null };
 
@@ -360,7 +400,7 @@
         fillSelects();
         hparamCharts(t.trials, t.searcher.metric, e, hpBox);
       }
-      await drawCurves(false);
+      await Promise.all([drawCurves(false), search.refresh()]);
     }
     poll(refresh, notFoundPage("experiment " + id));
   }
