@@ -15,6 +15,8 @@ from determined_trials.config._hparams import (
     IntHP,
     LogHP,
     grid_points,
+    hparam_leaves,
+    parse_space,
     sample_hparams,
 )
 from determined_trials.config._length import Length, LengthUnit
@@ -30,6 +32,7 @@ from determined_trials.config._schema import (
 from determined_trials.config._searcher import (
     AdaptiveASHASearcher,
     GridSearcher,
+    OptunaSearcher,
     RandomSearcher,
     SearcherConfig,
     SingleSearcher,
@@ -56,6 +59,7 @@ __all__ = [
     "Length",
     "LengthUnit",
     "LogHP",
+    "OptunaSearcher",
     "Optimizations",
     "Profiling",
     "RandomSearcher",
@@ -67,6 +71,8 @@ __all__ = [
     "SingleSearcher",
     "StorageConfig",
     "grid_points",
+    "hparam_leaves",
+    "parse_space",
     "load_config",
     "sample_hparams",
 ]

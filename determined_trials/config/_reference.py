@@ -27,7 +27,13 @@ from determined_trials.config._hparams import (
 )
 from determined_trials.config._load import MAX_DEPTH, MAX_NODES
 from determined_trials.config._schema import ExperimentConfig
-from determined_trials.config._searcher import AdaptiveASHASearcher, GridSearcher, RandomSearcher, SingleSearcher
+from determined_trials.config._searcher import (
+    AdaptiveASHASearcher,
+    GridSearcher,
+    OptunaSearcher,
+    RandomSearcher,
+    SingleSearcher,
+)
 from determined_trials.config._storage import DirectoryStorage, S3Storage, SharedFSStorage
 
 __all__ = ["render_reference"]
@@ -46,7 +52,7 @@ must be finite.
 
 _SECTIONS: list[tuple[str, str, list[type[BaseModel]]]] = [
     ("searcher", "One of these, chosen by `name`.",
-     [SingleSearcher, GridSearcher, RandomSearcher, AdaptiveASHASearcher]),
+     [SingleSearcher, GridSearcher, RandomSearcher, AdaptiveASHASearcher, OptunaSearcher]),
     ("checkpoint_storage", "A path (`/data/ckpts`, `s3://bucket/prefix`), or one of these, chosen by `type` "
      "(default: `<run dir>/checkpoints`).", [SharedFSStorage, DirectoryStorage, S3Storage]),
     ("hyperparameters", "A mapping of name -> a plain value (a constant), a nested mapping without `type` "

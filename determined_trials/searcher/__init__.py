@@ -1,10 +1,13 @@
 """Hyperparameter searchers for local experiments: which trials to create, how long each trains,
-which to stop; pure logic with `state_dict()` for pause/continue.
+which to stop; pure logic with `state_dict()` for pause/continue. `optuna` (``_optuna``, ``_optuna_space``,
+``_optuna_study``) is imported only when the config names it; its study is a SQLite file of the experiment.
 
 May import: errors, config
 """
 
 from determined_trials.searcher._base import Searcher, TrialRequest, trial_seed
+from determined_trials.searcher._optuna import OptunaSearch
+from determined_trials.searcher._optuna_study import STUDY_FILE, param_importances
 from determined_trials.searcher._rungs import RungSearch, promotes
 from determined_trials.searcher._searchers import (
     AdaptiveASHASearch,
@@ -18,13 +21,16 @@ from determined_trials.searcher._searchers import (
 __all__ = [
     "AdaptiveASHASearch",
     "GridSearch",
+    "OptunaSearch",
     "RandomSearch",
+    "STUDY_FILE",
     "RungSearch",
     "Searcher",
     "SingleSearch",
     "TrialRequest",
     "asha_rung_lengths",
     "make_searcher",
+    "param_importances",
     "promotes",
     "trial_seed",
 ]
