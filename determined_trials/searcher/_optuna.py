@@ -1,5 +1,5 @@
 """`OptunaSearch`: Optuna's samplers through ask and tell, on our rungs and concurrency limit, its study in
-a SQLite file of the experiment's folder so that `experiment continue` goes on with the same study."""
+Optuna's journal file in the experiment's folder so that `experiment continue` goes on with the same study."""
 
 from __future__ import annotations
 

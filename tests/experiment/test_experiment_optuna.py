@@ -55,7 +55,8 @@ def test_an_optuna_search_continues_after_the_runner_was_killed(tmp_path: Path) 
     for trial in trials:  # each trial trained once to 4: at most resumed from its checkpoint, never from scratch
         steps = [m.steps_completed for m in store.metrics(trial.id, "training")]
         assert sorted(set(steps)) == [1, 2, 3, 4] and steps.count(1) == 1
-    study = optuna.load_study(study_name="det-trials", storage=f"sqlite:///{run_dir / 'experiments' / '1' / STUDY_FILE}")
+    journal = optuna.storages.journal.JournalFileBackend(str(run_dir / "experiments" / "1" / STUDY_FILE))
+    study = optuna.load_study(study_name="det-trials", storage=optuna.storages.JournalStorage(journal))
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     assert sorted(t.params["lr"] for t in done) == sorted(t.hparams["lr"] for t in trials)  # one ask per trial
     assert len(done) == 6 and len(study.trials) - 6 <= 2  # other asks: at most those in flight at the kill (FAIL)
