@@ -1,6 +1,7 @@
 """Hyperparameter searchers for local experiments: which trials to create, how long each trains,
 which to stop; pure logic with `state_dict()` for pause/continue. `optuna` (``_optuna``, ``_optuna_space``,
-``_optuna_study``) is imported only when the config names it; its study is Optuna's journal file in the experiment folder.
+``_optuna_study``) imports optuna only when the config names it; its study is Optuna's journal file in the
+experiment folder.
 
 May import: errors, config
 """

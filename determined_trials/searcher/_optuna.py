@@ -30,12 +30,11 @@ class OptunaSearch(RungSearch):
     def __init__(
         self, space: Mapping[str, Any], *, max_length: int, max_trials: int, experiment_seed: int,
         max_concurrent: int = 0, sampler: str = "tpe", pruner: Pruner = "none", divisor: float = 4.0,
-        max_rungs: int = 5, smaller_is_better: bool = True, study_path: Path | None = None,
+        rung_lengths: list[int] | None = None, smaller_is_better: bool = True, study_path: Path | None = None,
     ) -> None:
-        from determined_trials.searcher._searchers import asha_rung_lengths
-
+        """`rung_lengths`: with a pruner, the lengths trials report at (`asha_rung_lengths`)."""
         import_optuna()
-        lengths = [max_length] if pruner == "none" else asha_rung_lengths(max_length, divisor, max_rungs)
+        lengths = [max_length] if pruner == "none" else list(rung_lengths or [max_length])
         super().__init__(
             rung_lengths=lengths, max_trials=max_trials, max_concurrent=max_concurrent,
             experiment_seed=experiment_seed, divisor=divisor, smaller_is_better=smaller_is_better,

@@ -165,9 +165,11 @@ def make_searcher(config: ExperimentConfig, *, experiment_seed: int | None = Non
     if isinstance(searcher, OptunaSearcher):
         from determined_trials.searcher._optuna import OptunaSearch  # optuna only for this searcher
 
+        length = _plain_length(config)
         return OptunaSearch(
-            space, max_length=_plain_length(config), max_trials=searcher.max_trials, experiment_seed=seed,
+            space, max_length=length, max_trials=searcher.max_trials, experiment_seed=seed,
             max_concurrent=searcher.max_concurrent_trials, sampler=searcher.sampler, pruner=searcher.pruner,
-            divisor=searcher.divisor, max_rungs=searcher.max_rungs, smaller_is_better=searcher.smaller_is_better,
+            divisor=searcher.divisor, rung_lengths=asha_rung_lengths(length, searcher.divisor, searcher.max_rungs),
+            smaller_is_better=searcher.smaller_is_better,
         )
     raise ConfigError(f"unknown searcher {searcher.name!r}; use single, grid, random, adaptive_asha or optuna")
