@@ -15,6 +15,8 @@ from determined_trials.config._hparams import (
     IntHP,
     LogHP,
     grid_points,
+    hparam_leaves,
+    parse_space,
     sample_hparams,
 )
 from determined_trials.config._length import Length, LengthUnit
@@ -30,6 +32,7 @@ from determined_trials.config._schema import (
 from determined_trials.config._searcher import (
     AdaptiveASHASearcher,
     GridSearcher,
+    OptunaSearcher,
     PBTSearcher,
     RandomSearcher,
     SearcherConfig,
@@ -58,6 +61,7 @@ __all__ = [
     "Length",
     "LengthUnit",
     "LogHP",
+    "OptunaSearcher",
     "Optimizations",
     "Profiling",
     "RandomSearcher",
@@ -69,6 +73,8 @@ __all__ = [
     "SingleSearcher",
     "StorageConfig",
     "grid_points",
+    "hparam_leaves",
+    "parse_space",
     "load_config",
     "sample_hparams",
 ]

@@ -36,6 +36,8 @@ __all__ = [
     "IntHP",
     "LogHP",
     "grid_points",
+    "hparam_leaves",
+    "parse_space",
     "sample_hparams",
 ]
 
@@ -214,6 +216,11 @@ def _leaves(space: Mapping[str, Any], route: tuple[str, ...] = ()) -> Iterator[t
             yield from _leaves(spec, (*route, name))
         else:
             yield (*route, name), spec
+
+
+def hparam_leaves(space: Mapping[str, Any]) -> list[tuple[tuple[str, ...], Any]]:
+    """Every (route, spec) of a parsed space, nested groups flattened (route = the names down to it)."""
+    return list(_leaves(space))
 
 
 def grid_count_problems(space: Mapping[str, Any]) -> list[tuple[Loc, str]]:

@@ -30,6 +30,7 @@ from determined_trials.config._schema import ExperimentConfig
 from determined_trials.config._searcher import (
     AdaptiveASHASearcher,
     GridSearcher,
+    OptunaSearcher,
     PBTSearcher,
     RandomSearcher,
     SingleSearcher,
@@ -52,7 +53,7 @@ must be finite.
 
 _SECTIONS: list[tuple[str, str, list[type[BaseModel]]]] = [
     ("searcher", "One of these, chosen by `name`.",
-     [SingleSearcher, GridSearcher, RandomSearcher, AdaptiveASHASearcher, PBTSearcher]),
+     [SingleSearcher, GridSearcher, RandomSearcher, AdaptiveASHASearcher, OptunaSearcher, PBTSearcher]),
     ("checkpoint_storage", "A path (`/data/ckpts`, `s3://bucket/prefix`), or one of these, chosen by `type` "
      "(default: `<run dir>/checkpoints`).", [SharedFSStorage, DirectoryStorage, S3Storage]),
     ("hyperparameters", "A mapping of name -> a plain value (a constant), a nested mapping without `type` "

@@ -10,7 +10,7 @@ from determined_trials.config._base import ConfigProblems, StrictModel, json_val
 from determined_trials.config._det_keys import ConfigWarning, drop_unused_keys, warn_ignored_settings
 from determined_trials.config._hparams import HParams, grid_count_problems
 from determined_trials.config._length import Period
-from determined_trials.config._searcher import GridSearcher, SearcherConfig
+from determined_trials.config._searcher import GridSearcher, OptunaSearcher, SearcherConfig, optuna_sampler_problems
 from determined_trials.config._storage import StorageConfig
 
 __all__ = [
@@ -159,6 +159,14 @@ class ExperimentConfig(StrictModel):
     def _check_grid(self) -> ExperimentConfig:
         if isinstance(self.searcher, GridSearcher):
             problems = grid_count_problems(self.hyperparameters)
+            if problems:
+                raise ConfigProblems([(("hyperparameters", *loc), msg) for loc, msg in problems])
+        return self
+
+    @model_validator(mode="after")
+    def _check_optuna_sampler(self) -> ExperimentConfig:
+        if isinstance(self.searcher, OptunaSearcher):
+            problems = optuna_sampler_problems(self.hyperparameters, self.searcher)
             if problems:
                 raise ConfigProblems([(("hyperparameters", *loc), msg) for loc, msg in problems])
         return self

@@ -9,11 +9,13 @@ from pydantic import Field, model_validator
 
 from determined_trials.config._base import ConfigProblems, StrictModel, tagged_union
 from determined_trials.config._det_keys import ConfigWarning, drop_unused_keys
+from determined_trials.config._hparams import CategoricalHP, hparam_leaves
 from determined_trials.config._length import Length, MaxLength
 
 __all__ = [
     "AdaptiveASHASearcher",
     "GridSearcher",
+    "OptunaSearcher",
     "PBTExplore",
     "PBTReplace",
     "PBTSearcher",
@@ -21,6 +23,7 @@ __all__ = [
     "SearcherConfig",
     "SingleSearcher",
     "default_searcher",
+    "optuna_sampler_problems",
 ]
 
 
@@ -48,7 +51,7 @@ def _max_trials() -> Any:
 class _SearcherBase(StrictModel):
     """Keys every searcher shares."""
 
-    name: str = Field(description="the searcher: single, grid, random or adaptive_asha")
+    name: str = Field(description="the searcher: single, grid, random, adaptive_asha or optuna")
     metric: str = Field(
         min_length=1,
         description="the validation metric the searcher optimises, e.g. `metric: validation_loss`",
@@ -200,11 +203,57 @@ class PBTSearcher(_SearcherBase):
         return self
 
 
+OptunaSampler = Literal["tpe", "gp", "cmaes", "qmc", "random"]
+_CATEGORICAL_SAMPLERS = ("tpe", "gp", "qmc", "random")
+
+
+class OptunaSearcher(_SearcherBase):
+    """Optuna's samplers (ask and tell) over `max_trials` trials; `pip install determined-trials[optuna]`."""
+
+    name: Literal["optuna"] = "optuna"
+    max_trials: int = _max_trials()
+    max_concurrent_trials: int = _max_concurrent()
+    sampler: OptunaSampler = Field(
+        default="tpe", description="Optuna's sampler: tpe (TPE with constant_liar for running trials), gp "
+        "(Gaussian process), cmaes (CMA-ES; no categorical hyperparameters), qmc (quasi-Monte Carlo) or random, "
+        "e.g. `sampler: tpe`")
+    pruner: Literal["none", "asha", "median"] = Field(
+        default="none", description="stopping trials early at rungs (lengths max_length / divisor**k): none, asha "
+        "(adaptive_asha's promotion rule) or median (Optuna's MedianPruner), e.g. `pruner: asha`")
+    divisor: float = Field(
+        default=4.0, gt=1, allow_inf_nan=False,
+        description="with a pruner: the ratio of successive rung lengths (asha: 1/divisor of a rung is promoted), "
+        "e.g. `divisor: 4`")
+    max_rungs: int = Field(default=5, ge=1, description="with a pruner: the most rungs, e.g. `max_rungs: 5`")
+
+    @model_validator(mode="after")
+    def _check_length(self) -> OptunaSearcher:
+        if self.pruner != "none" and self.max_length is None:
+            raise ConfigProblems.at(
+                ("max_length",), f"pruner {self.pruner} stops trials at rungs of max_length; set e.g. "
+                "`max_length: {batches: 1000}`, or use `pruner: none`")
+        return self
+
+
+def optuna_sampler_problems(space: Any, searcher: OptunaSearcher) -> list[tuple[tuple[str, ...], str]]:
+    """The hyperparameters `searcher.sampler` cannot take (categoricals of two or more values for cmaes,
+    which Optuna would draw at random on the side), as (location, message)."""
+    if searcher.sampler in _CATEGORICAL_SAMPLERS:
+        return []
+    problems: list[tuple[tuple[str, ...], str]] = []
+    for route, spec in hparam_leaves(space):
+        if isinstance(spec, CategoricalHP) and len(spec.vals) > 1:
+            problems.append((route, (
+                f"the optuna sampler {searcher.sampler} cannot search categorical hyperparameter "
+                f"'{'.'.join(route)}'; use sampler {', '.join(_CATEGORICAL_SAMPLERS[:-1])} or "
+                f"{_CATEGORICAL_SAMPLERS[-1]}, or make it an int/double range")))
+    return problems
+
+
 SearcherConfig = tagged_union(
     {
         "single": SingleSearcher, "grid": GridSearcher, "random": RandomSearcher,
-        "adaptive_asha": AdaptiveASHASearcher,
-        "pbt": PBTSearcher,
+        "adaptive_asha": AdaptiveASHASearcher, "optuna": OptunaSearcher, "pbt": PBTSearcher,
     },
     key="name",
     what="a mapping with `name:` and `metric:`",

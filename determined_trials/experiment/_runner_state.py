@@ -82,6 +82,9 @@ class RunnerState:
         self._storage = storage_from_spec(config.checkpoint_storage, default_dir=store.path / "checkpoints")
         self._policy = RetentionPolicy.from_config(config)
         self._executor: TrialExecutor = executor or LocalExecutor()
+        attach = getattr(searcher, "attach", None)
+        if attach is not None:  # a searcher with files of its own (optuna's study) keeps them in exp_dir
+            attach(exp_dir, self._max_parallel)
 
     # -- set-up and saved state -----------------------------------------------------------------
     def start_fresh(self) -> None:
@@ -111,6 +114,18 @@ class RunnerState:
             work = Work(**raw)
             assert work.trial_id is not None
             self._ended_by_searcher[work.trial_id] = (work, int(length))
+        self._adopt_unsaved_trials()
+
+    def _adopt_unsaved_trials(self) -> None:
+        """A runner killed between creating a trial in the store and saving its state left that trial out of
+        its queue: the queued request with the trial's seed (one per request) takes it, so it does not run twice."""
+        known = {w.trial_id for w in self._queue} | set(self._ended_by_searcher)
+        unsaved = [t for t in self.store.trials(self.experiment_id) if t.id not in known]
+        for work in self._queue:
+            found = next((t for t in unsaved if work.trial_id is None and t.seed == work.seed), None)
+            if found is not None:
+                work.trial_id = found.id
+                unsaved.remove(found)
 
     def _save_state(self) -> None:
         """Keep the resumable state current, so that `continue` works after a kill -9 of the runner."""

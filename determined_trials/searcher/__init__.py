@@ -1,11 +1,15 @@
 """Hyperparameter searchers for local experiments: which trials to create, how long each trains,
-which to stop; pure logic with `state_dict()` for pause/continue.
+which to stop; pure logic with `state_dict()` for pause/continue. `optuna` (``_optuna``, ``_optuna_space``,
+``_optuna_study``) imports optuna only when the config names it; its study is Optuna's journal file in the
+experiment folder.
 
 May import: errors, config
 """
 
 from determined_trials.searcher._base import Searcher, TrialRequest, trial_seed
 from determined_trials.searcher._explore import explore_hparams
+from determined_trials.searcher._optuna import OptunaSearch
+from determined_trials.searcher._optuna_study import STUDY_FILE, param_importances
 from determined_trials.searcher._pbt import PBTSearch
 from determined_trials.searcher._rungs import RungSearch, promotes
 from determined_trials.searcher._searchers import (
@@ -21,7 +25,9 @@ __all__ = [
     "AdaptiveASHASearch",
     "GridSearch",
     "PBTSearch",
+    "OptunaSearch",
     "RandomSearch",
+    "STUDY_FILE",
     "RungSearch",
     "Searcher",
     "SingleSearch",
@@ -29,6 +35,7 @@ __all__ = [
     "asha_rung_lengths",
     "explore_hparams",
     "make_searcher",
+    "param_importances",
     "promotes",
     "trial_seed",
 ]

@@ -78,6 +78,13 @@ class RungSearch:
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         pass
 
+    def _promotes(self, entries: list[tuple[float, int]], request_id: int, length: int) -> bool:
+        """Whether the trial reporting the last of `entries` at a rung below the last goes on (`promotes`)."""
+        return promotes(entries, request_id, self._divisor, self._smaller)
+
+    def _decided(self, request_id: int, metric: float | None) -> None:
+        """Called after each decided report (its metric) and early exit (None), before new trials are made."""
+
     # -- read-only views ---------------------------------------------------------------------
     @property
     def experiment_seed(self) -> int:
@@ -124,10 +131,11 @@ class RungSearch:
         entries.append((float(metric), request_id))
         if trial.rung == len(self._lengths) - 1:
             trial.state = _COMPLETED
-        elif promotes(entries, request_id, self._divisor, self._smaller):
+        elif self._promotes(entries, request_id, int(length)):
             trial.rung += 1
         else:
             trial.state = _STOPPED
+        self._decided(request_id, float(metric))
         return self._fill()
 
     def on_trial_exited_early(self, request_id: int) -> list[TrialRequest]:
@@ -135,6 +143,7 @@ class RungSearch:
         trial = self._trial(request_id)
         if trial.state == _RUNNING:
             trial.state = _EXITED
+            self._decided(request_id, None)
         return self._fill()
 
     def is_done(self) -> bool:

@@ -1,4 +1,5 @@
-"""The four searchers (single, grid, random, adaptive_asha) and `make_searcher` for a config."""
+"""The four searchers (single, grid, random, adaptive_asha) and `make_searcher` for a config (which builds
+`optuna`'s from `_optuna`, imported only then)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from determined_trials.config import (
     AdaptiveASHASearcher,
     ExperimentConfig,
     GridSearcher,
+    OptunaSearcher,
     PBTSearcher,
     RandomSearcher,
     SingleSearcher,
@@ -164,7 +166,17 @@ def make_searcher(config: ExperimentConfig, *, experiment_seed: int | None = Non
         )
     if isinstance(searcher, PBTSearcher):
         return _pbt_search(searcher, space, seed)
-    raise ConfigError(f"unknown searcher {searcher.name!r}; use single, grid, random or adaptive_asha")
+    if isinstance(searcher, OptunaSearcher):
+        from determined_trials.searcher._optuna import OptunaSearch  # optuna only for this searcher
+
+        length = _plain_length(config)
+        return OptunaSearch(
+            space, max_length=length, max_trials=searcher.max_trials, experiment_seed=seed,
+            max_concurrent=searcher.max_concurrent_trials, sampler=searcher.sampler, pruner=searcher.pruner,
+            divisor=searcher.divisor, rung_lengths=asha_rung_lengths(length, searcher.divisor, searcher.max_rungs),
+            smaller_is_better=searcher.smaller_is_better,
+        )
+    raise ConfigError(f"unknown searcher {searcher.name!r}; use single, grid, random, adaptive_asha, optuna or pbt")
 
 
 def _pbt_search(searcher: PBTSearcher, space: Mapping[str, Any], seed: int) -> PBTSearch:

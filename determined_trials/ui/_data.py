@@ -18,6 +18,7 @@ from determined_trials.core.store import RunState
 from determined_trials.core.store._local import CheckpointRecord, Experiment, LocalStore, Trial
 from determined_trials.core.store._owner import owner_alive
 from determined_trials.ui._downsample import keep_indices
+from determined_trials.ui._importances import param_importances
 
 __all__ = [
     "MAX_LOG_LINES",
@@ -136,6 +137,7 @@ def experiment(store: LocalStore, experiment_id: int) -> dict[str, Any]:
     out["log_hparams"] = [name for name, spec in specs if spec.get("type") == "log"]
     out["searched_hparams"] = [name for name, spec in specs if _searched(spec)]
     out["metric_names"] = {g: store.metric_names(exp.id, g) for g in ("training", "validation")}
+    out["param_importances"] = param_importances(exp)  # optuna's, from 10 completed trials on; else null
     return out
 
 

@@ -312,6 +312,18 @@
     };
   }
 
+  // The optuna searcher's parameter importances (Optuna's get_param_importances): one bar per hyperparameter.
+  function drawImportances(importances, box) {
+    const entries = Object.entries(importances || {});
+    box.hidden = entries.length === 0;
+    if (!entries.length) return;
+    const rows = entries.map(([name, share]) => el("tr", { "data-hparam": name }, el("td", {}, name),
+      el("td", {}, el("span", { class: "bar", style: "width: 240px" },
+        el("span", { style: "width:" + Math.round(Math.min(1, Math.max(0, share)) * 100) + "%" }))),
+      el("td", {}, C.fmt(share))));
+    box.replaceChildren(el("h2", {}, "Parameter importances (Optuna)"), el("table", { id: "importance-table" }, ...rows));
+  }
+
   function experimentPage(id) {
     document.title = "Experiment " + id + " · det-trials";
     const title = el("h1", { id: "title" }, "Experiment " + id);
@@ -326,10 +338,11 @@
     const curves = el("div", { id: "curves" });
     const hpBox = el("div", { id: "hparams" });
     const search = searchBlock(id);
+    const importanceBox = el("section", { id: "importances", hidden: true });
     main(title, summary, actions.bar,
       el("section", {}, el("h2", {}, "Trials"), tableBox),
       el("section", {}, el("h2", {}, "Learning curves"), el("div", {}, groupSel, metricSel), curves),
-      el("section", {}, el("h2", {}, "Hyperparameters against the searcher metric"), hpBox),
+      el("section", {}, el("h2", {}, "Hyperparameters against the searcher metric"), hpBox), importanceBox,
       search.section);
     let exp = null, last = "", curveKey = "";
     const chosen = { group: null, metric: null };
@@ -400,6 +413,7 @@
         fillSelects();
         hparamCharts(t.trials, t.searcher.metric, e, hpBox);
       }
+      drawImportances(e.param_importances, importanceBox);
       await Promise.all([drawCurves(false), search.refresh()]);
     }
     poll(refresh, notFoundPage("experiment " + id));

@@ -1,0 +1,230 @@
+"""The optuna searcher driven in-process: every hyperparameter type through every sampler (or its refusal),
+ask/tell counts, the concurrency limit, seeding, pruning at rungs, and a study that outlives a killed runner."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from determined_trials.config import load_config
+from determined_trials.errors import ConfigError
+from determined_trials.searcher import STUDY_FILE, OptunaSearch, TrialRequest, make_searcher, param_importances
+
+optuna = pytest.importorskip("optuna")
+
+SPACE: dict[str, Any] = {
+    "lr": {"type": "log", "base": 10, "minval": -4, "maxval": -1},
+    "layers": {"type": "int", "minval": 1, "maxval": 4},
+    "dropout": {"type": "double", "minval": 0.0, "maxval": 0.5},
+    "opt": {"name": {"type": "categorical", "vals": ["adam", "sgd"]}, "sizes": {"type": "categorical",
+                                                                               "vals": [[8, 8], [16]]}},
+    "tag": {"type": "const", "val": {"k": [1]}},
+    "plain": 3,
+}
+NUMERIC = {k: SPACE[k] for k in ("lr", "layers", "dropout", "tag", "plain")}
+SAMPLERS = ["tpe", "gp", "qmc", "random", "cmaes"]
+
+
+def _optuna(space: dict[str, Any] = SPACE, seed: int = 11, **searcher: Any) -> OptunaSearch:
+    raw = {"searcher": {"name": "optuna", "metric": "loss", "max_length": 8, "max_trials": 12,
+                        "max_concurrent_trials": 1, **searcher},
+           "hyperparameters": space, "reproducibility": {"experiment_seed": seed}}
+    made = make_searcher(load_config(raw))
+    assert isinstance(made, OptunaSearch)
+    return made
+
+
+def _metric(hp: dict[str, Any], length: int) -> float:
+    return (math.log10(hp["lr"]) + 2.5) ** 2 + hp["dropout"] + 0.1 * hp["layers"] + 4.0 / length
+
+
+class Driver:
+    """Runs the searcher's trials: one report (or early exit) per step, in a seeded order; counts in flight."""
+
+    def __init__(self, searcher: OptunaSearch, order_seed: int = 0, exit_prob: float = 0.0) -> None:
+        self.searcher, self.order, self.exit_prob = searcher, random.Random(order_seed), exit_prob
+        self.pending: dict[int, TrialRequest] = {}
+        self.created: list[TrialRequest] = []
+        self.most_in_flight = 0
+
+    def add(self, requests: list[TrialRequest]) -> None:
+        for request in requests:
+            self.pending[request.request_id] = request
+            self.created.append(request)
+        running = optuna.trial.TrialState.RUNNING
+        in_flight = len(self.searcher.study.get_trials(deepcopy=False, states=(running,)))
+        assert in_flight <= len(self.pending)  # less only for a trial told before its runner was killed
+        self.most_in_flight = max(self.most_in_flight, in_flight)
+
+    def step(self) -> None:
+        rid = self.order.choice(sorted(self.pending))
+        length = self.searcher.next_length(rid)
+        assert length is not None
+        if self.order.random() < self.exit_prob:
+            new = self.searcher.on_trial_exited_early(rid)
+            del self.pending[rid]
+        else:
+            new = self.searcher.on_validation(rid, length, _metric(self.pending[rid].hparams, length))
+            if self.searcher.next_length(rid) is None:
+                del self.pending[rid]
+        self.add(new)
+
+    def run(self, steps: int | None = None) -> Driver:
+        if not self.created:
+            self.add(self.searcher.initial_trials())
+        for _ in range(steps if steps is not None else 10_000):
+            if not self.pending:
+                break
+            self.step()
+        return self
+
+
+def _in_space(hp: dict[str, Any]) -> None:
+    assert 1e-4 * (1 - 1e-9) <= hp["lr"] <= 0.1 * (1 + 1e-9)
+    assert isinstance(hp["layers"], int) and 1 <= hp["layers"] <= 4
+    assert 0.0 <= hp["dropout"] <= 0.5
+    assert hp["tag"] == {"k": [1]} and hp["plain"] == 3
+    if "opt" in hp:
+        assert hp["opt"]["name"] in ("adam", "sgd") and hp["opt"]["sizes"] in ([8, 8], [16])
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_every_hparam_type_through_every_sampler(sampler: str) -> None:
+    if sampler == "cmaes":
+        with pytest.raises(ConfigError, match=r"hyperparameters\.opt\.name: the optuna sampler cmaes cannot search "
+                                              r"categorical hyperparameter 'opt\.name'; use sampler tpe, gp, qmc or "
+                                              r"random"):
+            _optuna(sampler="cmaes")
+        if importlib.util.find_spec("cmaes") is None:
+            with pytest.raises(ConfigError, match="sampler cmaes needs the cmaes package"):
+                _optuna(NUMERIC, sampler="cmaes")
+            return
+    searcher = _optuna(SPACE if sampler != "cmaes" else NUMERIC, sampler=sampler, max_trials=12)
+    driver = Driver(searcher).run()
+    assert len(driver.created) == 12 and searcher.is_done()
+    for request in driver.created:
+        _in_space(request.hparams)
+    trials = searcher.study.get_trials(deepcopy=False)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 12
+    lrs = {round(t.params["lr"], 12) for t in trials}
+    assert len(lrs) == 12  # suggestions differ (no sampler stuck on one point)
+    assert "opt.name" in trials[0].distributions or sampler == "cmaes"
+
+
+def test_ask_and_tell_counts_equal_the_trials_run_and_never_more_in_flight() -> None:
+    searcher = _optuna(max_trials=20, max_concurrent_trials=3, pruner="asha", divisor=2, max_rungs=3)
+    driver = Driver(searcher, order_seed=3, exit_prob=0.15).run()
+    trials = searcher.study.get_trials(deepcopy=False)
+    assert len(driver.created) == len(trials) == 20  # one ask per trial run
+    assert driver.most_in_flight == 3
+    states = {rid: searcher.trial_state(rid) for rid in range(20)}
+    told = {searcher.trial_number(rid): t for rid, t in states.items()}
+    expect = {"completed": "COMPLETE", "stopped": "PRUNED", "exited": "FAIL"}
+    assert {n: expect[s] for n, s in told.items()} == {t.number: t.state.name for t in trials}
+    assert set(states.values()) == {"completed", "stopped", "exited"}
+
+
+def test_the_runner_caps_the_trials_in_flight_at_what_it_runs(tmp_path: Path) -> None:
+    searcher = _optuna(max_concurrent_trials=16)
+    searcher.attach(tmp_path, 2)
+    assert len(searcher.initial_trials()) == 2
+    assert (tmp_path / STUDY_FILE).is_file()
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "qmc"])
+def test_the_same_seed_gives_the_same_first_8_suggestions(sampler: str) -> None:
+    def first_8(seed: int) -> list[dict[str, Any]]:
+        return [r.hparams for r in Driver(_optuna(seed=seed, sampler=sampler, max_trials=8)).run().created]
+
+    assert first_8(5) == first_8(5)
+    assert first_8(5) != first_8(6)
+
+
+def test_pruner_asha_stops_trials_at_rungs() -> None:
+    searcher = _optuna(max_trials=12, max_concurrent_trials=4, pruner="asha", divisor=2, max_rungs=3)
+    assert searcher.rung_lengths == [2, 4, 8]
+    Driver(searcher, order_seed=1).run()
+    trials = searcher.study.get_trials(deepcopy=False)
+    pruned = [t for t in trials if t.state.name == "PRUNED"]
+    completed = [t for t in trials if t.state.name == "COMPLETE"]
+    assert pruned and completed and len(pruned) + len(completed) == 12
+    for t in pruned:  # stopped at a rung: reported there, and nothing beyond it
+        assert sorted(t.intermediate_values) in ([2], [2, 4]) and t.value == t.intermediate_values[max(t.intermediate_values)]
+    for t in completed:
+        assert sorted(t.intermediate_values) == [2, 4]
+
+
+def test_pruner_median_is_optunas_median_pruner() -> None:
+    searcher = _optuna(max_trials=12, pruner="median", divisor=2, max_rungs=2)
+    Driver(searcher).run()
+    study = searcher.study
+    assert isinstance(study.pruner, optuna.pruners.MedianPruner)
+    assert {t.state.name for t in study.get_trials(deepcopy=False)} == {"COMPLETE", "PRUNED"}
+
+
+def test_a_killed_runner_continues_the_same_study(tmp_path: Path) -> None:
+    """The saved state lags the study (asks and tells after it); the continued search FAILs the asks its
+    runner never saw, keeps the tells, and ends with max_trials trials, none told twice."""
+    first = _optuna(max_trials=10, max_concurrent_trials=2)
+    first.attach(tmp_path, 2)
+    driver = Driver(first).run(steps=3)
+    saved = first.state_dict()
+    driver.run(steps=1)  # one more tell and one more ask, then the runner is killed
+    running = optuna.trial.TrialState.RUNNING
+    assert len(first.study.get_trials(deepcopy=False)) == 6
+    second = _optuna(max_trials=10, max_concurrent_trials=2)
+    second.attach(tmp_path, 2)
+    second.load_state_dict(saved)
+    study = second.study
+    ours = {second.trial_number(rid) for rid in range(len(saved["trials"]))}
+    assert ours == {0, 1, 2, 3, 4}
+    assert {t.number: t.state.name for t in study.get_trials(deepcopy=False) if t.number not in ours} == {5: "FAIL"}
+    assert {t.number for t in study.get_trials(deepcopy=False, states=(running,))} <= {
+        second.trial_number(rid) for rid in second.running()}
+    resumed = Driver(second)
+    resumed.pending = {rid: next(r for r in driver.created if r.request_id == rid) for rid in second.running()}
+    resumed.run()
+    trials = study.get_trials(deepcopy=False)
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    assert len(done) == 10 and sum(t.state.name == "FAIL" for t in trials) == 1  # the ask never run
+    assert sorted(second.trial_number(rid) for rid in range(10)) == sorted(t.number for t in done)
+
+
+def test_a_study_continues_with_the_suggestions_it_would_have_made(tmp_path: Path) -> None:
+    straight = [r.hparams for r in Driver(_optuna(max_trials=8)).run().created]
+    first = _optuna(max_trials=8)
+    first.attach(tmp_path, 1)
+    before = Driver(first).run(steps=4)  # four told, the fifth asked
+    second = _optuna(max_trials=8)
+    second.attach(tmp_path, 1)
+    second.load_state_dict(first.state_dict())
+    after = Driver(second)
+    after.pending = {4: before.created[4]}
+    after.run()
+    assert [r.hparams for r in before.created + after.created] == straight
+
+
+def test_param_importances_need_ten_completed_trials(tmp_path: Path) -> None:
+    searcher = _optuna(max_trials=12)
+    searcher.attach(tmp_path, 1)
+    driver = Driver(searcher).run(steps=9)
+    assert param_importances(tmp_path / STUDY_FILE) is None
+    driver.run()
+    found = param_importances(tmp_path / STUDY_FILE)
+    assert found is not None and set(found) == {"lr", "layers", "dropout", "opt.name", "opt.sizes"}
+    assert list(found.values()) == sorted(found.values(), reverse=True)
+
+
+def test_config_errors() -> None:
+    with pytest.raises(ConfigError, match="pruner asha stops trials at rungs of max_length"):
+        load_config({"searcher": {"name": "optuna", "metric": "loss", "max_trials": 2, "pruner": "asha"}})
+    with pytest.raises(ConfigError, match="sampler"):
+        load_config({"searcher": {"name": "optuna", "metric": "loss", "max_trials": 2, "sampler": "bohb"}})
+    with pytest.raises(ValueError, match="sampler 'tpe'"):
+        other = _optuna(sampler="random")
+        other.load_state_dict(_optuna().state_dict())
