@@ -8,7 +8,7 @@ from pathlib import Path
 
 __all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "connect", "ensure_schema"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 60.0
 
 # Columns added after a table was first released: (table, column, declaration). A file written by an older
@@ -17,6 +17,7 @@ _ADDED_COLUMNS: list[tuple[str, str, str]] = [
     ("trials", "parent_trial_id", "INTEGER"),  # PBT lineage: the trial whose checkpoint this one started from,
     ("trials", "parent_checkpoint", "TEXT"),  # that checkpoint's uuid,
     ("trials", "search_round", "INTEGER"),  # and the round (from 1) it started in
+    ("metrics", "superseded_time", "REAL"),
 ]
 
 # The state columns hold ``_states``' values; their defaults are the first states (tests/test_states.py checks).
@@ -63,7 +64,8 @@ CREATE TABLE IF NOT EXISTS metrics (
     steps_completed INTEGER NOT NULL,
     metrics         TEXT NOT NULL,
     batch_metrics   TEXT,
-    reported_time   REAL NOT NULL
+    reported_time   REAL NOT NULL,
+    superseded_time REAL  -- when a restart from an earlier checkpoint replaced the report (NULL: current)
 );
 CREATE INDEX IF NOT EXISTS metrics_by_trial ON metrics(trial_id, steps_completed, id);
 CREATE INDEX IF NOT EXISTS metrics_by_group ON metrics(grp, trial_id);
