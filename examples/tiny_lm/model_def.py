@@ -85,8 +85,9 @@ class TinyLMTrial(pytorch.PyTorchTrial):
                                   batch_size=self.context.get_per_slot_batch_size(), collate_fn=corpus.collate)
 
     def build_validation_data_loader(self) -> pytorch.DataLoader:
-        return pytorch.DataLoader(corpus.blocks("validation", self.hp["block_size"], limit=self.hp["validation_blocks"]),
-                                  batch_size=self.context.get_per_slot_batch_size(), collate_fn=corpus.collate)
+        held_out = corpus.blocks("validation", self.hp["block_size"], limit=self.hp["validation_blocks"])
+        batch_size = self.context.get_per_slot_batch_size()
+        return pytorch.DataLoader(held_out, batch_size=batch_size, collate_fn=corpus.collate)
 
     def _loss(self, tokens: torch.Tensor) -> torch.Tensor:
         """The mean next-byte cross-entropy of a batch of blocks (the model shifts the labels itself)."""
