@@ -35,11 +35,13 @@ def _config() -> dict[str, Any]:
 def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[two_ranks.Results, Path]:
     tmp = tmp_path_factory.mktemp("tiny_lm")
     common = {"config": _config(), "length": LENGTH, "report": 4, "validate": 12}
-    return two_ranks.launch(WORKER, tmp, [
-        {"name": "whole", "run_dir": str(tmp / "whole"), **common},
-        {"name": "stop", "run_dir": str(tmp / "stopped"), "stop_after": STOP_AFTER, **common},
-        {"name": "resume", "run_dir": str(tmp / "stopped"), "latest_checkpoint": "latest", **common},
-    ], RUN_S), tmp
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HOME", str(tmp / "hf_home"))  # datasets' cache files (locks) stay in the test's folder
+        return two_ranks.launch(WORKER, tmp, [
+            {"name": "whole", "run_dir": str(tmp / "whole"), **common},
+            {"name": "stop", "run_dir": str(tmp / "stopped"), "stop_after": STOP_AFTER, **common},
+            {"name": "resume", "run_dir": str(tmp / "stopped"), "latest_checkpoint": "latest", **common},
+        ], RUN_S), tmp
 
 
 def test_the_example_learns_under_fsdp2(results: tuple[two_ranks.Results, Path]) -> None:
