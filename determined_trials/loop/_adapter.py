@@ -40,6 +40,8 @@ class TrialAdapter(Protocol):
     #: ``wants_snapshot() -> bool`` (chief: False when the state is small enough that ``save`` on the
     #: training thread, with only the publish in the background, costs less than a copy).
     # async_save: bool
+    #: Optional ``prepare_checkpoint()`` (read with ``getattr``): called on every rank at each checkpoint
+    #: before anything is saved, e.g. to gather what only each rank knows (its position in a stream).
 
     def load(self, path: Path) -> None:
         """Restore models, optimizers, RNGs and callback state from a checkpoint folder."""

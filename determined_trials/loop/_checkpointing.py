@@ -64,6 +64,9 @@ class Checkpointer:
         ``final`` checkpoint (nothing trains after it) is written at once from the live state: a
         snapshot would only add a copy, since the loop would wait for the writer right after."""
         self.wait()
+        prepare = getattr(self._adapter, "prepare_checkpoint", None)
+        if prepare is not None:  # every rank, before any saving (e.g. gathering the ranks' data positions)
+            prepare()
         sharded = bool(getattr(self._adapter, "sharded_save", False))
         metadata = {"steps_completed": state.batches_trained, "framework": self._adapter.framework,
                     "format": CHECKPOINT_FORMAT}

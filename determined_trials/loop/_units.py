@@ -128,8 +128,9 @@ def _normalise(name: str, value: Any) -> int | tuple[int, ...]:
 def _require_epoch_len(unit: TrainUnit, epoch_len: int | None) -> int:
     if epoch_len is None or epoch_len >= math.inf or epoch_len < 1:
         raise ValueError(
-            f"{unit!r} needs the epoch length, but the training data loader has no length; "
-            "use Batch(...) units or give the loader a __len__"
+            f"{unit!r} needs the epoch length, but the training data has none (a stream, i.e. an "
+            "IterableDataset, or a loader without __len__): give lengths and periods in batches or records "
+            "(Batch(...)/Record(...), or batches:/records: in the config)"
         )
     return epoch_len
 

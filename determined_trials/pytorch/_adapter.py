@@ -27,6 +27,7 @@ from determined_trials.pytorch.checkpoint._io import (
     write_trial_state,
 )
 from determined_trials.pytorch.checkpoint._snapshot import HostBuffers
+from determined_trials.pytorch.data._iterable import STREAM_POSITIONS, StreamOfPasses, StreamPositions
 from determined_trials.pytorch.data._loader import DataLoader, require_opt_out
 from determined_trials.pytorch.data._raw import is_reproducible_loader, wrap_raw_loader
 from determined_trials.pytorch.metrics._metrics import TrainingMetrics, ValidationMetrics
@@ -65,10 +66,12 @@ class PyTorchAdapter(BatchLoop):
         self._sharded = any(is_fsdp(m) for m in context.models)
         self.sharded_save = self._sharded  # FSDP2: every rank saves its shard of one DCP checkpoint
         self._validation_checked = False
+        self._positions = StreamPositions()  # a stream's per-rank positions, saved among the callbacks' state
 
     # -- the adapter interface -----------------------------------------------------------------
 
     def load(self, path: Path) -> None:
+        self._hooks.callbacks[STREAM_POSITIONS] = self._positions  # picks a stream's position up, if saved
         if self._sharded or is_dcp_checkpoint(path):
             from determined_trials.pytorch.checkpoint import _dcp  # torch.distributed.checkpoint: only when used
 
@@ -97,6 +100,12 @@ class PyTorchAdapter(BatchLoop):
             self._stream = wrap_raw_loader(loader, start_batch=state.batches_trained)
             global_batch = _raw_batch_size(loader, size)
         self._epoch_len = self._stream.epoch_len
+        if isinstance(self._stream, StreamOfPasses):
+            self._check_stream_units()
+            self._hooks.callbacks[STREAM_POSITIONS] = self._positions
+            self._positions.resume(self._stream, rank, size)
+        else:
+            self._hooks.callbacks.pop(STREAM_POSITIONS, None)
         if self.sharded_save and size > 1:  # made once here, not in the first checkpoint's time
             from determined_trials.pytorch.checkpoint import _dcp
 
@@ -104,6 +113,21 @@ class PyTorchAdapter(BatchLoop):
         self._context.reducers.reset(True)
         self._train_metrics.reset()
         return DataShape(self._epoch_len, global_batch)
+
+    def _check_stream_units(self) -> None:
+        """A stream has no epoch length: an LR scheduler stepped per epoch would never step."""
+        per_epoch = [s for s in self._context.lr_schedulers if s.step_mode is s.StepMode.STEP_EVERY_EPOCH]
+        if per_epoch:
+            raise ValueError(
+                "the training data is a stream (an IterableDataset), which has no epoch length, but an LR scheduler "
+                "is wrapped with step_mode=STEP_EVERY_EPOCH: wrap it with LRScheduler.StepMode.STEP_EVERY_BATCH "
+                "(and a schedule counted in batches) instead"
+            )
+
+    def prepare_checkpoint(self) -> None:
+        """On every rank before a checkpoint: gather the ranks' stream positions (one allgather, streams only)."""
+        if isinstance(self._stream, StreamOfPasses):
+            self._positions.ranks = allgather(self._dist, self._stream.state_dict())
 
     def batch_metrics(self) -> list[dict[str, Any]]:
         """The last workload's per-batch metrics, averaged across ranks; [] unless a callback opted in."""

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from determined_trials.pytorch.data._iterable import StreamOfPasses, stateful_loader
 from determined_trials.pytorch.data._plan import (
     BatchSamplerPlan,
     DefaultOrders,
@@ -23,9 +24,10 @@ from determined_trials.pytorch.data._plan import (
     validate_layout,
 )
 from determined_trials.pytorch.data._samplers import DistributedBatchSampler, RepeatBatchSampler, SkipBatchSampler
+from determined_trials.pytorch.data._shard import is_stateful, is_stream, shard_stream
 from determined_trials.pytorch.data._stream import PositionSeededDataset, StreamBatchSampler, TrainingStream
 
-__all__ = ["DataLoader", "ValidationLoader", "require_opt_out"]
+__all__ = ["DataLoader", "StreamReplayWarning", "ValidationLoader", "replay_warning", "require_opt_out"]
 
 _GENERATOR_TAG = 0x6E4
 
@@ -41,6 +43,20 @@ def _seed_value(*words: int) -> int:
     return int(state[0]) << 31 | int(state[1]) >> 1
 
 
+class StreamReplayWarning(UserWarning):
+    """A training stream that cannot save its position: resuming replays its epoch from the start."""
+
+
+def replay_warning(dataset: Any) -> str:
+    """The one warning for a stream without ``state_dict()``/``load_state_dict()``."""
+    return (
+        f"the training stream {type(dataset).__name__} cannot save its position (it has no state_dict() and "
+        "load_state_dict()): on resume it is replayed from the start of its epoch and the batches already "
+        "trained are skipped, exact but taking time proportional to the position. Define state_dict() and "
+        "load_state_dict() on it (or use a datasets.IterableDataset) to resume at once"
+    )
+
+
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -50,8 +66,8 @@ class ValidationLoader(torch.utils.data.DataLoader[Any]):
     """A torch DataLoader over one rank's shard of the validation data, with record counts attached:
     ``num_records`` (this rank) and ``record_counts`` (every rank, in rank order)."""
 
-    num_records: int
-    record_counts: tuple[int, ...]
+    num_records: int | None  # None for a stream
+    record_counts: tuple[int, ...] | None
     _generator_seed: int
 
     def __iter__(self) -> Any:
@@ -77,9 +93,10 @@ class _FixedBatches(torch.utils.data.Sampler[list[int]]):
 
 class DataLoader:
     """Drop-in for ``torch.utils.data.DataLoader`` (same arguments, same validation) over a map-style
-    dataset. It only records its settings: iterating it is a plain single-process pass as torch's would
-    be; the harness builds the reproducible chain from it (``build_training_stream``,
-    ``build_validation_loader``). ``batch_size`` is the per-slot (per-rank) batch size.
+    dataset or a stream (an ``IterableDataset``: see ``docs/data.md``). It only records its settings:
+    iterating it is a plain single-process pass as torch's would be; the harness builds the reproducible
+    chain from it (``build_training_stream``, ``build_validation_loader``). ``batch_size`` is the per-slot
+    (per-rank) batch size.
 
     Reproducibility of the training chain: with the default sampler, the order of epoch e depends only
     on (trial seed, e) (``generator`` only drives ``iter(self)``). A user ``sampler`` is read one pass
@@ -101,19 +118,14 @@ class DataLoader:
         prefetch_factor: int | None = None, persistent_workers: bool = False, pin_memory_device: str = "",
         in_order: bool = True,
     ) -> None:
-        if isinstance(dataset, torch.utils.data.IterableDataset):
-            raise ValueError(
-                "IterableDatasets are not supported through det.pytorch.DataLoader() (the harness must index "
-                "the data to shard, shuffle and skip it reproducibly): use a map-style dataset "
-                "(__getitem__ and __len__), or call context.experimental.disable_dataset_reproducibility_checks() "
-                "in your trial's __init__() and return a torch.utils.data.DataLoader instead"
-            )
         if batch_size is None and batch_sampler is None:
             raise ValueError(
                 "det.pytorch.DataLoader needs batches: batch_size=None (no automatic batching) is not "
                 "supported; pass batch_size (e.g. context.get_per_slot_batch_size()) or a batch_sampler"
             )
-        if sampler is None and batch_sampler is None and hasattr(dataset, "__len__") and len(dataset) == 0:
+        streaming = is_stream(dataset)
+        if not streaming and sampler is None and batch_sampler is None and hasattr(dataset, "__len__") \
+                and len(dataset) == 0:
             raise ValueError(
                 f"det.pytorch.DataLoader got an empty dataset ({type(dataset).__name__} with len 0): there is "
                 "nothing to train or validate on; check the data path, download or filter that builds it"
@@ -133,6 +145,7 @@ class DataLoader:
         self._shuffle = bool(shuffle)
         self._user_sampler = sampler
         self._user_batch_sampler = batch_sampler
+        self._streaming = streaming
 
     # -- torch-like surface -------------------------------------------------------------------------
 
@@ -213,7 +226,7 @@ class DataLoader:
 
     def build_training_stream(
         self, *, seed: int, rank: int = 0, num_replicas: int = 1, start_batch: int = 0, group: int = 1,
-    ) -> TrainingStream:
+    ) -> TrainingStream | StreamOfPasses:
         """The infinite training stream of ``rank`` starting at batch ``start_batch``.
 
         Epoch e's order is a seeded permutation of (seed, e) with ``shuffle=True``, else the dataset order
@@ -227,6 +240,9 @@ class DataLoader:
         _check_int("start_batch", start_batch, 0)
         validate_layout(rank, num_replicas)
         _check_int("group", group, 1)
+        if self._streaming:
+            return self._build_stream(seed=seed, rank=rank, num_replicas=num_replicas, start_batch=start_batch,
+                                      group=group)
         plan = self._plan(seed, rank, num_replicas)
         if group > 1:
             plan = GroupedPlan(plan, group)
@@ -237,6 +253,28 @@ class DataLoader:
             generator=_seeded_generator(seed, rank, start_batch), **{**self._loader_args, "in_order": True},
         )
         return TrainingStream(loader, plan.epoch_len, start_batch)
+
+    @property
+    def is_stream(self) -> bool:
+        """Whether the dataset is a stream (an ``IterableDataset``): no length, one pass per epoch."""
+        return self._streaming
+
+    def _build_stream(self, *, seed: int, rank: int, num_replicas: int, start_batch: int,
+                      group: int) -> StreamOfPasses:
+        """A stream's training batches on ``rank``: its part of the stream, one pass per epoch, resumable
+        through ``state_dict()`` (the caller loads the saved position before the first batch)."""
+        if group > 1:
+            raise ValueError(
+                "a stream (IterableDataset) cannot be cut into whole groups of gradient_accumulation_steps "
+                "micro-batches per epoch: DeepSpeedTrial takes map-style datasets only (see docs/data.md)"
+            )
+        if not is_stateful(self.dataset):
+            warnings.warn(replay_warning(self.dataset), StreamReplayWarning, stacklevel=3)
+        dataset = shard_stream(self.dataset, rank, num_replicas)
+        loader = stateful_loader(dataset, batch_size=self.batch_size, drop_last=self.drop_last,
+                                 generator=torch.Generator(), **{**self._loader_args, "in_order": True})
+        return StreamOfPasses(loader, dataset, seed_of_epoch=lambda epoch: _seed_value(seed, rank, epoch),
+                              start_batch=start_batch)
 
     def _validation_batches(self, seed: int) -> list[list[int]]:
         if self._user_batch_sampler is not None:
@@ -255,6 +293,12 @@ class DataLoader:
         (same composition as ``iter(self)`` unshuffled) split into ``num_replicas`` contiguous runs, so
         every record is visited exactly once across ranks; a rank may get fewer batches, or none."""
         validate_layout(rank, num_replicas)
+        if self._streaming:  # this rank's part of one pass: its length is known only once read
+            loader = ValidationLoader(shard_stream(self.dataset, rank, num_replicas), batch_size=self.batch_size,
+                                      drop_last=self.drop_last, generator=torch.Generator(), **self._loader_args)
+            loader.num_records, loader.record_counts = None, None
+            loader._generator_seed = _seed_value(seed, rank, -1)
+            return loader
         batches = self._validation_batches(seed)
         shards = np.array_split(np.arange(len(batches)), num_replicas)
         counts = tuple(sum(len(batches[b]) for b in shard) for shard in shards)

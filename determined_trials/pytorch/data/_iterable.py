@@ -1,0 +1,161 @@
+"""StreamOfPasses: one rank's training batches from a stream (an ``IterableDataset``), one pass per epoch,
+loaded by torchdata's ``StatefulDataLoader``, whose ``state_dict()`` is the position saved in checkpoints.
+
+A stream that saves its position (``state_dict``/``load_state_dict``) resumes from it, per data-loader
+worker; one that cannot is replayed from its epoch's start and the batches already trained are skipped
+(``StatefulDataLoader``'s fast-forward). Each pass gets ``set_epoch(epoch)`` when the stream has it, and
+the workers' seeds depend only on (trial seed, rank, epoch).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from typing import Any
+
+import torch
+
+from determined_trials.pytorch.data._stream import StreamLifecycle, shutdown_loader_iterator
+
+__all__ = ["STREAM_POSITIONS", "StreamOfPasses", "StreamPositions", "stateful_loader"]
+
+logger = logging.getLogger("determined_trials.pytorch")
+
+STREAM_POSITIONS = "det.training_stream"  # the harness's callback name in a checkpoint's callbacks
+
+
+def stateful_loader(dataset: Any, **kwargs: Any) -> Any:
+    """A torchdata ``StatefulDataLoader`` (a clear error naming the extra when torchdata is missing)."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        raise ImportError(
+            "training on a stream (an IterableDataset) needs torchdata's StatefulDataLoader: "
+            "pip install 'determined-trials[streaming]'"
+        ) from None
+    with warnings.catch_warnings():  # torchdata 0.11 calls torch's deprecated set_vital on construction
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        return StatefulDataLoader(dataset, **kwargs)
+
+
+class StreamOfPasses(StreamLifecycle):
+    """One rank's training batches from a stream: when a pass runs out the next epoch starts a new one.
+
+    ``epoch_len`` is None (a pass's length is not known ahead); ``epoch_idx``/``batch_in_epoch`` locate the
+    batch ``next()`` returned last and ``position`` counts the batches taken. ``state_dict()`` is the
+    position (epoch, batch in epoch, the loader's state); ``load_state_dict`` before the first ``next()``
+    resumes there. A pass that yields no batch at all raises RuntimeError instead of spinning forever.
+    """
+
+    def __init__(self, loader: Any, dataset: Any, *, seed_of_epoch: Any, start_batch: int = 0) -> None:
+        self._loader, self._dataset, self._seed_of_epoch = loader, dataset, seed_of_epoch
+        self._iterator: Any = None
+        self._closed = False
+        self.epoch_len: int | None = None
+        self.position = start_batch
+        self._epoch = self._in_epoch = 0  # the next batch's epoch and index in it
+        self.epoch_idx, self.batch_in_epoch = 0, -1
+        self._set_epoch = getattr(dataset, "set_epoch", None)
+
+    @property
+    def loader(self) -> Any:
+        """The ``StatefulDataLoader`` that loads the batches."""
+        return self._loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's position: the epoch, the batches taken in it and the loader's (workers') state."""
+        loader_state = copy.deepcopy(self._loader.state_dict())  # the loader goes on changing its own
+        return {"epoch": self._epoch, "in_epoch": self._in_epoch, "loader": loader_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at a saved position (before the first ``next()``)."""
+        if self._iterator is not None:
+            raise RuntimeError("load_state_dict() must come before the stream's first batch")
+        self._epoch, self._in_epoch = int(state["epoch"]), int(state["in_epoch"])
+        self.epoch_idx, self.batch_in_epoch = self._epoch, self._in_epoch - 1
+        self._start_epoch()
+        self._loader.load_state_dict(state["loader"])
+
+    def start_at_epoch(self, epoch: int) -> None:
+        """Start at the beginning of ``epoch`` (a position saved on another number of ranks)."""
+        self._epoch, self._in_epoch = epoch, 0
+        self.epoch_idx, self.batch_in_epoch = epoch, -1
+
+    def __iter__(self) -> StreamOfPasses:
+        return self
+
+    def __next__(self) -> Any:
+        for _attempt in range(2):
+            if self._iterator is None:
+                if self._closed:
+                    raise RuntimeError("this training stream was closed; build a new one to keep training")
+                if self._in_epoch == 0:
+                    self._start_epoch()
+                self._iterator = iter(self._loader)
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                self._end_pass()
+                continue
+            self.position += 1
+            self.epoch_idx, self.batch_in_epoch = self._epoch, self._in_epoch
+            self._in_epoch += 1
+            return batch
+        raise AssertionError("unreachable")  # pragma: no cover - _end_pass raises on the second empty pass
+
+    def _start_epoch(self) -> None:
+        """Tell the stream its epoch and seed the workers' base seed from it."""
+        if callable(self._set_epoch):
+            self._set_epoch(self._epoch)
+        generator = self._loader.generator
+        if isinstance(generator, torch.Generator):
+            generator.manual_seed(self._seed_of_epoch(self._epoch))
+
+    def _end_pass(self) -> None:
+        iterator, self._iterator = self._iterator, None
+        shutdown_loader_iterator(iterator)
+        if self._in_epoch == 0:
+            raise RuntimeError(
+                f"the training stream ({type(self._dataset).__name__}) yielded no batch in a whole pass (epoch "
+                f"{self._epoch}): it is empty on this rank, shorter than one batch with drop_last=True, or a "
+                "one-shot iterator that is exhausted (training would otherwise wait forever)"
+            )
+        self._epoch, self._in_epoch = self._epoch + 1, 0
+
+
+class StreamPositions:
+    """The harness's callback (named ``STREAM_POSITIONS``) that carries every rank's stream position in each
+    checkpoint: ``ranks`` is set on every rank before a checkpoint (one allgather) and saved with the
+    callbacks' state; on load the saved list is kept until the stream is built, then ``resume`` applies it."""
+
+    def __init__(self) -> None:
+        self.ranks: list[Any] | None = None
+        self._restored: list[Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ranks": self.ranks}
+
+    def on_checkpoint_load_start(self, checkpoint: dict[str, Any]) -> None:
+        saved = (checkpoint.get("callbacks") or {}).get(STREAM_POSITIONS)
+        self._restored = None if saved is None else saved.get("ranks")
+
+    def resume(self, stream: StreamOfPasses, rank: int, world_size: int) -> None:
+        """Put ``stream`` at the position this rank saved (the start of the saved epoch on another number
+        of ranks, with a warning)."""
+        saved, self._restored = self._restored, None
+        if saved is None:
+            if stream.position > 0:
+                logger.warning("the checkpoint holds no stream position (it was not written while training on "
+                               "this stream): the stream starts from its beginning")
+            return
+        if len(saved) == world_size:
+            stream.load_state_dict(saved[rank])
+            return
+        epoch = int(saved[0]["epoch"])
+        logger.warning(
+            "the stream position was saved on %d rank(s) and this run has %d: each rank's part of the stream "
+            "differs, so every rank starts epoch %d from its beginning (records of that epoch read before the "
+            "stop are read again)", len(saved), world_size, epoch,
+        )
+        stream.start_at_epoch(epoch)

@@ -1,0 +1,125 @@
+"""Streams (IterableDatasets) through det.pytorch.DataLoader on one process: a Hugging Face streaming
+dataset and a user's own stateful stream stop mid-epoch and resume bitwise, with and without loader
+workers; a plain generator stream resumes exactly by replay, with its one warning; ranks and workers
+read disjoint parts covering the epoch; lengths in epochs are errors before the first batch."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trials_pytorch import assert_same_state, config, fit, state_snapshot
+from trials_stream import SHARD_SIZES, StreamTrial, make_stream, write_shards
+
+from determined_trials import pytorch
+from determined_trials.pytorch import Batch, Epoch, Record
+from determined_trials.pytorch.data._loader import StreamReplayWarning
+
+pytestmark = pytest.mark.usefixtures("cpu_device")
+
+TOTAL = sum(SHARD_SIZES)  # 42 records: 11 batches of 4 per pass (the last one of 2)
+FIT: dict[str, Any] = {"max_length": Batch(15), "validation_period": Batch(5), "reporting_period": Batch(4)}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = tmp_path_factory.mktemp("shards")
+    write_shards(folder)
+    return str(folder)
+
+
+def stream_config(kind: str, data_dir: str, workers: int = 0) -> dict[str, Any]:
+    return config({"global_batch_size": 4, "lr": 0.01, "kind": kind, "data_dir": data_dir, "workers": workers})
+
+
+def _reference_and_resumed(tmp_path: Path, conf: dict[str, Any], stop_after: int) -> tuple[Any, Any, Any]:
+    ref, trainer, _ = fit(StreamTrial, conf, tmp_path / "ref", **FIT)
+    assert trainer.exit_reason is not None and trainer.exit_reason.value == "completed"
+    first, trainer, info = fit(lambda ctx: StreamTrial(ctx, stop_after=stop_after), conf, tmp_path / "run", **FIT)
+    assert trainer.exit_reason is not None and trainer.exit_reason.value == "stopped"
+    checkpoint = info["checkpoints"][-1]
+    assert checkpoint.steps_completed == stop_after + 1
+    second, trainer, _ = fit(StreamTrial, conf, tmp_path / "run", latest_checkpoint=checkpoint.uuid, **FIT)
+    assert trainer.exit_reason is not None and trainer.exit_reason.value == "completed"
+    return ref, first, second
+
+
+@pytest.mark.parametrize(("kind", "workers", "stop_after"), [
+    ("hf", 0, 6),     # mid-epoch
+    ("user", 0, 10),  # on the last batch of the first pass: the resumed run starts the next pass
+    ("hf", 2, 7),     # per-worker positions
+    ("user", 2, 4),
+])
+def test_stateful_stream_resumes_bitwise(tmp_path: Path, data_dir: str, kind: str, workers: int,
+                                         stop_after: int) -> None:
+    ref, first, second = _reference_and_resumed(tmp_path, stream_config(kind, data_dir, workers), stop_after)
+    # the stream's passes are epochs: a whole pass (11 batches; 12 with two workers' partial batches), then
+    # the next pass (epoch 1) starts
+    epochs = [s[0] for s in ref.seen]
+    assert epochs == sorted(epochs) and epochs[-1] == 1
+    assert sorted(i for s in ref.seen if s[0] == 0 for i in s[2]) == list(range(TOTAL))
+    assert first.seen + second.seen == ref.seen
+    assert_same_state(state_snapshot(second), state_snapshot(ref))
+    assert second.scheduler.state_dict() == ref.scheduler.state_dict()
+    # validation over the stream: one whole pass each time (at batches 5, 10 and 15)
+    assert sorted(i for b in ref.validated for i in b) == sorted(list(range(TOTAL)) * 3)
+
+
+def test_plain_stream_resumes_by_replay_with_one_warning(tmp_path: Path, data_dir: str) -> None:
+    conf = stream_config("plain", data_dir)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ref, first, second = _reference_and_resumed(tmp_path, conf, stop_after=6)
+    replay = [w for w in caught if issubclass(w.category, StreamReplayWarning)]
+    assert len(replay) == 3  # one per run (reference, stopped, resumed): one per training loader
+    message = str(replay[0].message)
+    assert "state_dict()" in message and "load_state_dict()" in message and "replayed" in message
+    assert first.seen + second.seen == ref.seen
+    assert_same_state(state_snapshot(second), state_snapshot(ref))
+
+
+@pytest.mark.parametrize("kind", ["hf", "user", "plain"])
+def test_ranks_and_workers_read_disjoint_parts_covering_the_epoch(data_dir: str, kind: str) -> None:
+    parts = []
+    for rank in range(2):
+        loader = pytorch.DataLoader(make_stream(kind, data_dir), batch_size=4, num_workers=2 if kind != "plain" else 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", StreamReplayWarning)
+            stream = loader.build_training_stream(seed=1, rank=rank, num_replicas=2)
+        records: list[int] = []
+        with stream:
+            while True:
+                batch = next(stream)
+                if stream.epoch_idx > 0:
+                    break
+                records += batch["i"].tolist()
+        parts.append(records)
+    assert len(set(parts[0])) == len(parts[0]) and len(set(parts[1])) == len(parts[1])
+    assert not set(parts[0]) & set(parts[1])
+    assert sorted(parts[0] + parts[1]) == list(range(TOTAL))
+
+
+@pytest.mark.parametrize(("fit_kwargs", "needle"), [
+    ({"max_length": Epoch(2)}, "Epoch(2)"),
+    ({"max_length": Batch(4), "validation_period": Epoch(1)}, "Epoch(1)"),
+    ({"max_length": Record(40), "checkpoint_period": Epoch(1)}, "Epoch(1)"),
+])
+def test_lengths_in_epochs_on_a_stream_are_errors(tmp_path: Path, data_dir: str, fit_kwargs: dict[str, Any],
+                                                  needle: str) -> None:
+    with pytest.raises(ValueError, match="batches or records") as err:
+        fit(StreamTrial, stream_config("user", data_dir), tmp_path, **fit_kwargs)
+    assert needle in str(err.value)
+
+
+def test_per_epoch_lr_scheduler_on_a_stream_is_an_error(tmp_path: Path, data_dir: str) -> None:
+    trials: list[StreamTrial] = []
+
+    def make(ctx: pytorch.PyTorchTrialContext) -> StreamTrial:
+        trials.append(StreamTrial(ctx, epoch_scheduler=True))
+        return trials[-1]
+
+    with pytest.raises(ValueError, match="STEP_EVERY_EPOCH.*STEP_EVERY_BATCH"):
+        fit(make, stream_config("user", data_dir), tmp_path, max_length=Batch(4))
+    assert trials[0].seen == []  # before the first batch
