@@ -22,6 +22,12 @@ def training_stream(loader: Any, *, seed: int, rank: int, size: int, start_batch
     length in batches (``micro_batches`` micro-batches each); None when a raw loader has no len."""
     stream: Any
     if isinstance(loader, DataLoader):
+        if loader.is_stream:
+            raise ValueError(
+                "DeepSpeedTrial takes map-style datasets only: build_training_data_loader() returned a "
+                "det.pytorch.DataLoader over a stream (an IterableDataset), whose epochs cannot be cut into whole "
+                "gradient-accumulation groups; use a map-style dataset, or a PyTorchTrial (see docs/data.md)"
+            )
         if loader.batch_size is not None and loader.batch_size != micro_batch_size:
             raise ValueError(
                 f"build_training_data_loader() returned batch_size={loader.batch_size} but the DeepSpeed config has "

@@ -27,7 +27,7 @@ from determined_trials.pytorch.checkpoint._io import (
     write_trial_state,
 )
 from determined_trials.pytorch.checkpoint._snapshot import HostBuffers
-from determined_trials.pytorch.data._iterable import STREAM_POSITIONS, StreamOfPasses, StreamPositions
+from determined_trials.pytorch.data._iterable import STREAM_POSITIONS, StreamOfPasses, StreamPositions, in_step
 from determined_trials.pytorch.data._loader import DataLoader, require_opt_out
 from determined_trials.pytorch.data._raw import is_reproducible_loader, wrap_raw_loader
 from determined_trials.pytorch.metrics._metrics import TrainingMetrics, ValidationMetrics
@@ -227,8 +227,11 @@ class PyTorchAdapter(BatchLoop):
 
     def _evaluate_batches(self, test_mode: bool) -> dict[str, Any]:
         loader = self._validation_data(sharded=True)
-        if self._sharded and not self._validation_checked and self._dist.get_size() > 1:
-            self._check_even_validation(loader)
+        if self._sharded and self._dist.get_size() > 1:
+            if getattr(loader, "record_counts", ()) is None:  # a stream: the ranks' parts may differ in length
+                loader = in_step(loader, lambda mine: all(allgather(self._dist, mine)))
+            elif not self._validation_checked:
+                self._check_even_validation(loader)
         metrics = ValidationMetrics(self._trial.evaluation_reducer())
         with_idx = self._evaluate_takes_batch_idx
         to_device = self._context.to_device if self._context.experimental._auto_to_device else None

@@ -46,7 +46,7 @@ def test_unit_errors_say_what_to_do() -> None:
         Batch(0)
     with pytest.raises(TypeError):
         Batch("5")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="no length"):
+    with pytest.raises(ValueError, match="has none.*batches or records"):
         Epoch(1).to_batch_rule(epoch_len=None, global_batch_size=None)
     with pytest.raises(ValueError, match="global_batch_size"):
         Record(10).to_batches(epoch_len=10, global_batch_size=None)

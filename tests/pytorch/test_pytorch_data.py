@@ -358,9 +358,10 @@ def test_original_get_data_loader_chain() -> None:
     assert [b.tolist() for b in loader.get_data_loader(num_replicas=3, rank=2)] == [[4, 5]]
 
 
-def test_iterable_dataset_is_refused_with_the_way_out() -> None:
-    with pytest.raises(ValueError, match="map-style dataset.*disable_dataset_reproducibility_checks"):
-        DataLoader(Stream(), batch_size=2)
+def test_iterable_dataset_is_taken_as_a_stream_with_torch_checks() -> None:
+    assert DataLoader(Stream(), batch_size=2).is_stream  # streams: tests/pytorch/test_pytorch_streams.py
+    with pytest.raises(ValueError, match="shuffle"):  # torch's own refusal, as for its DataLoader
+        DataLoader(Stream(), batch_size=2, shuffle=True)
 
 
 @pytest.mark.parametrize(("kwargs", "error", "message"), [

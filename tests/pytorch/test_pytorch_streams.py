@@ -50,7 +50,7 @@ def _reference_and_resumed(tmp_path: Path, conf: dict[str, Any], stop_after: int
     ("hf", 0, 6),     # mid-epoch
     ("user", 0, 10),  # on the last batch of the first pass: the resumed run starts the next pass
     ("hf", 2, 7),     # per-worker positions
-    ("user", 2, 4),
+    ("user", 2, 7),
 ])
 def test_stateful_stream_resumes_bitwise(tmp_path: Path, data_dir: str, kind: str, workers: int,
                                          stop_after: int) -> None:

@@ -325,19 +325,24 @@ class ResumeTrial(pytorch.PyTorchTrial):
         index, x, y = batch
         self.seen.append((epoch_idx, batch_idx, index.tolist()))
         self.inputs.append(x.clone())
-        loss = nn.functional.mse_loss(self.model(x), y)
-        self.context.backward(loss)
-        self.context.step_optimizer(self.optimizer)
-        if self.flag_path and batch_idx == self.flag_batch:
-            Path(self.flag_path).write_text(str(batch_idx))
-            time.sleep(self.batch_sleep)
-        if batch_idx == self.stop_after:
-            self.context.set_stop_requested(True)
-        return loss
+        return train_step(self, nn.functional.mse_loss(self.model(x), y), batch_idx)
 
     def evaluate_batch(self, batch: Any) -> dict[str, Any]:
         _, x, y = batch
         return {"validation_loss": nn.functional.mse_loss(self.model(x), y)}
+
+
+def train_step(trial: Any, loss: torch.Tensor, batch_idx: int) -> torch.Tensor:
+    """Backward and step, then the resume tests' steering: on ``flag_batch`` rank 0 writes ``flag_path`` and
+    sleeps ``batch_sleep`` (the SIGTERM window); on ``stop_after`` the trial asks to stop."""
+    trial.context.backward(loss)
+    trial.context.step_optimizer(trial.optimizer)
+    if trial.flag_path and batch_idx == trial.flag_batch and trial.context.distributed.get_rank() == 0:
+        Path(trial.flag_path).write_text(str(batch_idx))
+        time.sleep(trial.batch_sleep)
+    if batch_idx == trial.stop_after:
+        trial.context.set_stop_requested(True)
+    return loss
 
 
 def state_snapshot(trial: Any) -> dict[str, Any]:

@@ -4,13 +4,13 @@ from local JSON-lines shards, a user's own stateful stream and a plain generator
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from trials_pytorch import train_step
 
 from determined_trials import pytorch
 
@@ -93,12 +93,17 @@ def make_stream(kind: str, data_dir: str, n: int = sum(SHARD_SIZES)) -> Any:
 class StreamTrial(pytorch.PyTorchTrial):
     """An MLP with dropout, Adam and a per-batch StepLR over a stream. hparams: kind (hf, user, plain),
     data_dir, workers, global_batch_size, lr. ``stop_after``: set_stop_requested on that batch_idx;
-    ``flag_path``/``flag_batch``/``batch_sleep``: the SIGTERM test's window."""
+    ``flag_path``/``flag_batch``/``batch_sleep``: the SIGTERM test's window (each also an hparam, for the
+    launcher). With hparam ``print`` every rank prints ``rank R seen EPOCH BATCH [records]`` per batch."""
 
     def __init__(self, context: pytorch.PyTorchTrialContext, stop_after: int | None = None,
                  flag_path: str | None = None, flag_batch: int = 3, batch_sleep: float = 0.0,
                  epoch_scheduler: bool = False) -> None:
         self.context = context
+        hp = context.get_hparams()
+        stop_after = hp.get("stop_after", stop_after)
+        flag_path, batch_sleep = hp.get("flag_path", flag_path), hp.get("batch_sleep", batch_sleep)
+        self.print = bool(hp.get("print", False))
         self.stop_after, self.flag_path, self.flag_batch, self.batch_sleep = stop_after, flag_path, flag_batch, batch_sleep
         self.seen: list[tuple[int, int, list[int]]] = []
         self.validated: list[list[int]] = []
@@ -124,16 +129,11 @@ class StreamTrial(pytorch.PyTorchTrial):
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
         index = batch["i"]
         self.seen.append((epoch_idx, batch_idx, index.tolist()))
+        if self.print:
+            print(f"rank {self.context.distributed.get_rank()} seen {epoch_idx} {batch_idx} {index.tolist()}",
+                  flush=True)
         x, y = features(index)
-        loss = nn.functional.mse_loss(self.model(x), y)
-        self.context.backward(loss)
-        self.context.step_optimizer(self.optimizer)
-        if self.flag_path and batch_idx == self.flag_batch:
-            Path(self.flag_path).write_text(str(batch_idx))
-            time.sleep(self.batch_sleep)
-        if batch_idx == self.stop_after:
-            self.context.set_stop_requested(True)
-        return loss
+        return train_step(self, nn.functional.mse_loss(self.model(x), y), batch_idx)
 
     def evaluate_batch(self, batch: Any) -> dict[str, Any]:
         self.validated.append(batch["i"].tolist())

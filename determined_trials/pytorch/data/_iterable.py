@@ -12,17 +12,25 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
 from determined_trials.pytorch.data._stream import StreamLifecycle, shutdown_loader_iterator
 
-__all__ = ["STREAM_POSITIONS", "StreamOfPasses", "StreamPositions", "stateful_loader"]
+__all__ = ["STREAM_POSITIONS", "StreamOfPasses", "StreamPositions", "in_step", "stateful_loader"]
 
 logger = logging.getLogger("determined_trials.pytorch")
 
 STREAM_POSITIONS = "det.training_stream"  # the harness's callback name in a checkpoint's callbacks
+
+
+class _NoFastForwardNotice(logging.Filter):
+    """Drops torchdata's notice that it replays a stream: ``StreamReplayWarning`` already said so, once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "naively fast-forwarding" not in record.getMessage()
 
 
 def stateful_loader(dataset: Any, **kwargs: Any) -> Any:
@@ -34,6 +42,9 @@ def stateful_loader(dataset: Any, **kwargs: Any) -> Any:
             "training on a stream (an IterableDataset) needs torchdata's StatefulDataLoader: "
             "pip install 'determined-trials[streaming]'"
         ) from None
+    notices = logging.getLogger("torchdata.stateful_dataloader.stateful_dataloader")
+    if not any(isinstance(f, _NoFastForwardNotice) for f in notices.filters):
+        notices.addFilter(_NoFastForwardNotice())
     with warnings.catch_warnings():  # torchdata 0.11 calls torch's deprecated set_vital on construction
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
         return StatefulDataLoader(dataset, **kwargs)
@@ -159,3 +170,22 @@ class StreamPositions:
             "stop are read again)", len(saved), world_size, epoch,
         )
         stream.start_at_epoch(epoch)
+
+
+def in_step(batches: Iterable[Any], every_rank_has: Callable[[bool], bool]) -> Iterator[Any]:
+    """``batches`` as long as every rank still has one (``every_rank_has(mine)``: one small collective per
+    batch): ranks whose parts of a stream differ in length run as many steps, so a collective inside a
+    step (an FSDP2 forward) never waits for a rank that ran out. The longer parts' tails are not read."""
+    iterator = iter(batches)
+    while True:
+        batch = next(iterator, _END)
+        if not every_rank_has(batch is not _END):
+            if batch is not _END:
+                logger.warning("validation over a stream on several ranks stopped where the shortest rank's part "
+                               "ended: the rest of this rank's part was not evaluated (sharded models need every "
+                               "rank in each forward)")
+            return
+        yield batch
+
+
+_END = object()
