@@ -140,3 +140,16 @@ example-fsdp: venv
 		$(FSDP_EXAMPLE_RUN_DIR)-export
 
 .PHONY: example-fsdp
+
+LM_EXAMPLE_RUN_DIR := det-runs/tiny_lm
+
+# The language-model example: a GPT-2-style byte-level model on the standard library's sources, streamed
+# through Hugging Face datasets, FSDP2 on 2 CPU processes (gloo) as a local experiment; then its validation
+# loss and perplexity (examples/tiny_lm/README.md). Hugging Face's libraries stay offline: nothing is downloaded.
+example-lm: venv
+	rm -rf $(LM_EXAMPLE_RUN_DIR)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/det-trials --run-dir $(LM_EXAMPLE_RUN_DIR) \
+		experiment create --no-progress examples/tiny_lm/const.yaml examples/tiny_lm
+	$(BIN)/det-trials --run-dir $(LM_EXAMPLE_RUN_DIR) trial metrics 1 --group validation
+
+.PHONY: example-lm
