@@ -35,7 +35,9 @@ from determined_trials.config._searcher import (
     SingleSearcher,
 )
 from determined_trials.config._storage import (
+    AzureStorage,
     DirectoryStorage,
+    GCSStorage,
     S3Storage,
     SharedFSStorage,
     StorageConfig,
@@ -43,6 +45,7 @@ from determined_trials.config._storage import (
 
 __all__ = [
     "AdaptiveASHASearcher",
+    "AzureStorage",
     "CategoricalHP",
     "ConfigSource",
     "ConfigWarning",
@@ -50,6 +53,7 @@ __all__ = [
     "DirectoryStorage",
     "DoubleHP",
     "ExperimentConfig",
+    "GCSStorage",
     "GridSearcher",
     "HParamSpec",
     "IntHP",

@@ -1,4 +1,7 @@
-"""S3 checkpoint storage against a moto S3 server on 127.0.0.1: round trips, selectors, incomplete writes."""
+"""Checkpoint storage in buckets, against real servers on 127.0.0.1 (moto's S3, the GCS emulator, Azurite),
+each test run on every backend: round trips, selectors, incomplete writes invisible, a kill mid-upload,
+sharded uploads from 2 ranks, the URI forms and the errors at start (missing bucket, refused
+credentials, an endpoint nobody answers)."""
 
 from __future__ import annotations
 
@@ -6,68 +9,69 @@ import hashlib
 import json
 import signal
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers_buckets import (  # noqa: F401 (the *_server fixtures)
+    BUCKETS,
+    azure_connection_string,
+    azure_server_fixture,
+    bucket_server,
+    bucket_spec,
+    free_port,
+    gcs_server_fixture,
+    list_keys,
+    s3_server_fixture,
+)
 from helpers_ckpt import Recorder, failure, make_tree, read_tree, start_worker
 
+import determined_trials.core.storage._azure as azure_backend
+import determined_trials.core.storage._gcs as gcs_backend
+from determined_trials import core
 from determined_trials.core import CheckpointContext, DownloadMode
 from determined_trials.core._distributed import dummy_distributed
 from determined_trials.core.storage import (
     CheckpointNotFoundError,
-    S3Storage,
+    RemoteStorage,
     StorageError,
     storage_from_spec,
 )
 from determined_trials.testing import run_ranks
 
-pytest.importorskip("moto")
-KEYS = {"access_key": "testing", "secret_key": "testing", "region": "us-east-1"}
 
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+@pytest.fixture(params=BUCKETS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture
-def spec(endpoint: str) -> dict[str, Any]:
-    """A fresh bucket per test, as a checkpoint_storage dict."""
-    bucket = f"ckpt-{uuid.uuid4().hex[:12]}"
-    client = S3Storage(bucket, endpoint_url=endpoint, **KEYS)._make_client()
-    client.create_bucket(Bucket=bucket)
-    return {"type": "s3", "bucket": bucket, "prefix": "runs/exp1", "endpoint_url": endpoint, **KEYS}
+def server(request: pytest.FixtureRequest, kind: str) -> str:
+    return bucket_server(request, kind)
 
 
 @pytest.fixture
-def storage(spec: dict[str, Any], tmp_path: Path) -> S3Storage:
+def spec(kind: str, server: str) -> dict[str, Any]:
+    """A fresh bucket (container) per test, as a checkpoint_storage mapping."""
+    return bucket_spec(kind, server)
+
+
+@pytest.fixture
+def storage(spec: dict[str, Any], tmp_path: Path) -> RemoteStorage:
     made = storage_from_spec(spec, default_dir=tmp_path)
-    assert isinstance(made, S3Storage)
+    assert isinstance(made, RemoteStorage)
     return made
 
 
-def keys(storage: S3Storage) -> list[str]:
-    return sorted(o["Key"] for o in storage._iter_objects(""))
-
-
-def test_store_path_restore_path_round_trip(storage: S3Storage) -> None:
+def test_store_path_restore_path_round_trip(storage: RemoteStorage) -> None:
     recorder = Recorder()
     ctx = CheckpointContext(dummy_distributed(), storage, recorder=recorder)
     with ctx.store_path({"steps_completed": 9}) as (path, sid):
         files = make_tree(path)
         staging = path
     assert not staging.exists()  # the local staging copy is gone once uploaded
-    assert keys(storage) == sorted(f"runs/exp1/{sid}/{rel}" for rel in [*files, "metadata.json"])
+    assert list_keys(storage) == sorted(f"runs/exp1/{sid}/{rel}" for rel in [*files, "metadata.json"])
     assert storage.list_checkpoints() == [sid]
     with ctx.restore_path(sid) as restored:
         tree = read_tree(restored)
@@ -77,7 +81,7 @@ def test_store_path_restore_path_round_trip(storage: S3Storage) -> None:
     assert recorder.saved[0][2] == {**{k: len(v) for k, v in files.items()}, "metadata.json": recorder.saved[0][2]["metadata.json"]}
 
 
-def test_upload_download_with_selectors_and_delete(storage: S3Storage, tmp_path: Path) -> None:
+def test_upload_download_with_selectors_and_delete(storage: RemoteStorage, tmp_path: Path) -> None:
     recorder = Recorder()
     ctx = CheckpointContext(dummy_distributed(), storage, recorder=recorder)
     make_tree(tmp_path / "src")
@@ -88,12 +92,12 @@ def test_upload_download_with_selectors_and_delete(storage: S3Storage, tmp_path:
     with ctx.restore_path(sid, DownloadMode.NoSharedDownload, selector=lambda p: p.endswith(".txt")) as path:
         assert read_tree(path) == {"sub/deep/x.txt": b"x"}
     ctx.delete(sid)
-    assert keys(storage) == [] and recorder.deleted == [sid]
+    assert list_keys(storage) == [] and recorder.deleted == [sid]
     with pytest.raises(CheckpointNotFoundError):
         ctx.get_metadata(sid)
 
 
-def test_an_incomplete_prefix_is_invisible(storage: S3Storage, tmp_path: Path) -> None:
+def test_an_incomplete_prefix_is_invisible(storage: RemoteStorage, tmp_path: Path) -> None:
     ctx = CheckpointContext(dummy_distributed(), storage)
     good = ctx.upload(None, {"steps_completed": 1})
     partial = str(uuid.uuid4())
@@ -107,10 +111,10 @@ def test_an_incomplete_prefix_is_invisible(storage: S3Storage, tmp_path: Path) -
     with pytest.raises(CheckpointNotFoundError):
         ctx.get_metadata(partial)
     ctx.delete(partial)  # a partial checkpoint can still be cleaned up
-    assert keys(storage) == [f"runs/exp1/{good}/metadata.json"]
+    assert list_keys(storage) == [f"runs/exp1/{good}/metadata.json"]
 
 
-def test_a_failed_upload_removes_what_it_wrote(storage: S3Storage, tmp_path: Path, monkeypatch: Any) -> None:
+def test_a_failed_upload_removes_what_it_wrote(storage: RemoteStorage, tmp_path: Path, monkeypatch: Any) -> None:
     original = storage.put
 
     def put_then_fail(storage_id: str, rank: int, src: Path, files: list[str]) -> None:
@@ -121,24 +125,72 @@ def test_a_failed_upload_removes_what_it_wrote(storage: S3Storage, tmp_path: Pat
     make_tree(tmp_path / "src")
     with pytest.raises(OSError, match="network"):
         CheckpointContext(dummy_distributed(), storage).upload(tmp_path / "src", {"steps_completed": 1})
-    assert keys(storage) == []
+    assert list_keys(storage) == []
 
 
-def test_uri_spec_with_endpoint_from_environment(spec: dict[str, Any], tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setenv("AWS_ENDPOINT_URL", spec["endpoint_url"])
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    storage = storage_from_spec(f"s3://{spec['bucket']}/by/uri/", default_dir=tmp_path)
-    assert isinstance(storage, S3Storage) and storage.prefix == "by/uri"
+def test_uri_spec_with_the_client_librarys_own_environment(
+    kind: str, spec: dict[str, Any], tmp_path: Path, monkeypatch: Any
+) -> None:
+    """s3:// with AWS_ENDPOINT_URL and keys, gs:// with STORAGE_EMULATOR_HOST, az:// with
+    AZURE_STORAGE_CONNECTION_STRING: the variables each client library reads itself."""
+    if kind == "s3":
+        for var, value in {"AWS_ENDPOINT_URL": spec["endpoint_url"], "AWS_ACCESS_KEY_ID": "testing",
+                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(var, value)
+        uri = f"s3://{spec['bucket']}/by/uri/"
+    elif kind == "gcs":
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", spec["endpoint_url"])
+        uri = f"gs://{spec['bucket']}/by/uri/"
+    else:
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", spec["connection_string"])
+        uri = f"az://{spec['container']}/by/uri/"
+    storage = storage_from_spec(uri, default_dir=tmp_path)
+    assert isinstance(storage, RemoteStorage) and storage.prefix == "by/uri"
     sid = CheckpointContext(dummy_distributed(), storage).upload(None, {"steps_completed": 3})
-    assert keys(storage) == [f"by/uri/{sid}/metadata.json"]
+    assert list_keys(storage) == [f"by/uri/{sid}/metadata.json"]
 
 
-def test_a_missing_bucket_is_a_clear_error(endpoint: str) -> None:
-    storage = S3Storage("no-such-bucket-here", endpoint_url=endpoint, **KEYS)
-    with pytest.raises(StorageError, match="'no-such-bucket-here' does not exist"):
-        storage.list_checkpoints()
+def test_a_missing_bucket_is_a_clear_error_at_init(kind: str, spec: dict[str, Any], tmp_path: Path) -> None:
+    missing = {**spec, "bucket" if "bucket" in spec else "container": "no-such-bucket-here"}
+    word = "container" if kind == "azure" else "bucket"
+    with pytest.raises(StorageError, match=f"{word} 'no-such-bucket-here' does not exist.*create it"):
+        core.init(checkpoint_storage=missing, run_dir=tmp_path)
+    assert not (tmp_path / "store.sqlite").exists() or core.LocalStore(tmp_path).experiments() == []
+
+
+def test_refused_credentials_are_a_clear_error(kind: str, server: str, tmp_path: Path, monkeypatch: Any) -> None:
+    if kind == "s3":
+        pytest.skip("moto accepts any S3 keys")
+    if kind == "azure":
+        spec = bucket_spec(kind, server)
+        wrong = azure_connection_string(int(server.rsplit(":", 1)[1].split("/")[0]), "d3Jvbmc=" * 11)
+        storage = storage_from_spec({**spec, "connection_string": wrong}, default_dir=tmp_path)
+        match = f"Azure refused checking the bucket on container {spec['container']!r}.*check the account key"
+    else:  # Application Default Credentials that do not load (no emulator in play)
+        bad = tmp_path / "key.json"
+        bad.write_text('{"type": "service_account", "project_id": "p"}')
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(bad))
+        monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+        storage = storage_from_spec("gs://some-bucket/p", default_dir=tmp_path)
+        match = "no usable Google credentials for GCS bucket 'some-bucket'.*GOOGLE_APPLICATION_CREDENTIALS"
+    with pytest.raises(StorageError, match=match):
+        storage.check()
+
+
+def test_an_unreachable_endpoint_is_a_clear_error(kind: str, tmp_path: Path, monkeypatch: Any) -> None:
+    nobody = f"http://127.0.0.1:{free_port()}"  # a port nothing listens on
+    monkeypatch.setattr(gcs_backend, "_CHECK_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(azure_backend, "_CONNECT_RETRIES", 0)
+    spec: dict[str, Any] = {
+        "s3": {"type": "s3", "bucket": "far-away", "endpoint_url": nobody, "access_key": "a", "secret_key": "b",
+               "region": "us-east-1"},
+        "gcs": {"type": "gcs", "bucket": "far-away", "endpoint_url": nobody},
+        "azure": {"type": "azure", "container": "far-away",
+                  "connection_string": azure_connection_string(int(nobody.rsplit(":", 1)[1]))},
+    }[kind]
+    storage = storage_from_spec(spec, default_dir=tmp_path)
+    with pytest.raises(StorageError, match=r"cannot reach the .* of (bucket|container) 'far-away'.*check"):
+        storage.check()
 
 
 def _rank_restores(dist: Any, spec: dict[str, Any], sid: str) -> tuple[str, dict[str, bytes], int]:
@@ -158,7 +210,8 @@ def _rank_restores(dist: Any, spec: dict[str, Any], sid: str) -> tuple[str, dict
 
 
 @pytest.mark.slow
-def test_shared_restore_downloads_once_per_machine(storage: S3Storage, spec: dict[str, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["s3"], indirect=True)  # CheckpointContext's logic: one backend shows it
+def test_shared_restore_downloads_once_per_machine(storage: RemoteStorage, spec: dict[str, Any], tmp_path: Path) -> None:
     make_tree(tmp_path / "src")
     sid = CheckpointContext(dummy_distributed(), storage).upload(tmp_path / "src", {"steps_completed": 1})
     results = run_ranks(_rank_restores, 4, local_size=2, args=(spec, sid), timeout=60)
@@ -174,12 +227,13 @@ def _rank_restores_missing(dist: Any, spec: dict[str, Any]) -> tuple[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["s3"], indirect=True)
 def test_shared_restore_of_a_missing_checkpoint_fails_on_every_rank(spec: dict[str, Any]) -> None:
     for kind, msg in run_ranks(_rank_restores_missing, 2, args=(spec,), timeout=60):
         assert kind == "CheckpointNotFoundError" and "not found" in msg
 
 
-def _rank_shards_to_s3(dist: Any, spec: dict[str, Any]) -> str:
+def _rank_shards(dist: Any, spec: dict[str, Any]) -> str:
     ctx = CheckpointContext(dist, storage_from_spec(spec, default_dir=Path("unused")))
     with ctx.store_path({"steps_completed": 5}, shard=True) as (path, sid):
         (path / f"shard-{dist.rank}.bin").write_bytes(b"%d" % dist.rank)
@@ -187,22 +241,22 @@ def _rank_shards_to_s3(dist: Any, spec: dict[str, Any]) -> str:
 
 
 @pytest.mark.slow
-def test_sharded_store_path_to_s3(storage: S3Storage, spec: dict[str, Any]) -> None:
-    sid, sid1 = run_ranks(_rank_shards_to_s3, 2, args=(spec,), timeout=60)
+def test_sharded_store_path_each_rank_uploads_its_own_files(storage: RemoteStorage, spec: dict[str, Any]) -> None:
+    sid, sid1 = run_ranks(_rank_shards, 2, args=(spec,), timeout=60)
     assert sid == sid1 and set(storage.list_files(sid)) == {"shard-0.bin", "shard-1.bin", "metadata.json"}
 
 
 @pytest.mark.slow
-def test_a_kill_mid_upload_leaves_the_partial_checkpoint_invisible(spec: dict[str, Any], tmp_path: Path) -> None:
+def test_a_kill_mid_upload_leaves_the_partial_checkpoint_invisible(
+    storage: RemoteStorage, spec: dict[str, Any], tmp_path: Path
+) -> None:
     with start_worker(json.dumps(spec), "upload") as (proc, next_line):
         first = json.loads(next_line())
         assert next_line() == "writing"
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
-    storage = storage_from_spec(spec, default_dir=tmp_path)
-    assert isinstance(storage, S3Storage)
     assert storage.list_checkpoints() == [first["first"]]
-    partial = {k.split("/")[2] for k in keys(storage)} - {first["first"]}
+    partial = {k.split("/")[2] for k in list_keys(storage)} - {first["first"]}
     assert len(partial) == 1  # some files of the second checkpoint were uploaded...
     with pytest.raises(CheckpointNotFoundError), CheckpointContext(dummy_distributed(), storage).restore_path(partial.pop()):
         pass  # ...but without metadata.json it does not exist
