@@ -16,9 +16,9 @@ from helpers_ckpt import Recorder, failure, make_tree, read_tree, start_worker
 from determined_trials.core import CheckpointContext, DownloadMode
 from determined_trials.core._distributed import dummy_distributed
 from determined_trials.core.storage import (
+    AzureStorage,
     CheckpointNotFoundError,
     DirectoryStorage,
-    AzureStorage,
     GCSStorage,
     S3Storage,
     storage_from_spec,

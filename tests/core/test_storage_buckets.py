@@ -38,6 +38,7 @@ from determined_trials.core.storage import (
     StorageError,
     storage_from_spec,
 )
+from determined_trials.experiment import ExperimentError, create_experiment
 from determined_trials.testing import run_ranks
 
 
@@ -156,6 +157,19 @@ def test_a_missing_bucket_is_a_clear_error_at_init(kind: str, spec: dict[str, An
     with pytest.raises(StorageError, match=f"{word} 'no-such-bucket-here' does not exist.*create it"):
         core.init(checkpoint_storage=missing, run_dir=tmp_path)
     assert not (tmp_path / "store.sqlite").exists() or core.LocalStore(tmp_path).experiments() == []
+
+
+def test_experiment_create_refuses_a_missing_bucket_before_recording_anything(
+    kind: str, spec: dict[str, Any], tmp_path: Path
+) -> None:
+    missing = {**spec, "bucket" if "bucket" in spec else "container": "no-such-bucket-here"}
+    config = {"entrypoint": "python3 train.py", "checkpoint_storage": missing,
+              "searcher": {"name": "single", "metric": "loss", "max_length": 1}}
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "train.py").write_text("raise SystemExit('never runs')\n")
+    with pytest.raises(ExperimentError, match="'no-such-bucket-here' does not exist"):
+        create_experiment(config, tmp_path / "ctx", run_dir=tmp_path / "runs")
+    assert core.LocalStore(tmp_path / "runs").experiments() == []
 
 
 def test_refused_credentials_are_a_clear_error(kind: str, server: str, tmp_path: Path, monkeypatch: Any) -> None:

@@ -26,8 +26,8 @@ import pytest
 from helpers_paths import REPO
 
 __all__ = [
-    "AZURITE_KEY", "BUCKETS", "S3_KEYS", "azure_connection_string", "azure_server", "bucket_server",
-    "bucket_spec", "free_port", "gcs_server", "list_keys", "s3_server",
+    "AZURITE_KEY", "BUCKETS", "S3_KEYS", "azure_connection_string", "azure_server_fixture", "bucket_server",
+    "bucket_spec", "free_port", "gcs_server_fixture", "list_keys", "s3_server_fixture",
 ]
 
 BUCKETS = ("s3", "gcs", "azure")
