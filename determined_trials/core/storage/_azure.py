@@ -14,7 +14,6 @@ from determined_trials.errors import ConfigError
 
 __all__ = ["AzureStorage"]
 
-_CONTAINER_RE = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}$")
 _CONNECT_RETRIES = 3
 """Attempts to connect before an unreachable endpoint is an error (the SDK's own backoff between them)."""
 _CONCURRENCY = 4
@@ -29,22 +28,14 @@ class AzureStorage(RemoteStorage):
     credential (an account key or a SAS token; none: anonymous access, e.g. a SAS already in the URL).
     """
 
-    scheme = "az"
+    scheme, service, name_key = "az", "Azure", "container"
+    name_pattern = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}$")
+    name_rule = ("3-63 characters of lowercase letters, digits and single '-' between them, starting with a "
+                 "letter or digit")
 
-    def __init__(
-        self,
-        container: str,
-        prefix: str | None = None,
-        *,
-        connection_string: str | None = None,
-        account_url: str | None = None,
-        credential: str | None = None,
-    ) -> None:
-        if not isinstance(container, str) or not _CONTAINER_RE.match(container):
-            raise ConfigError(
-                f"invalid Azure container name {container!r}: use 3-63 characters of lowercase letters, digits "
-                "and single '-' between them, starting with a letter or digit (checkpoint_storage.container)"
-            )
+    def __init__(self, container: str, prefix: str | None = None, *, connection_string: str | None = None,
+                 account_url: str | None = None, credential: str | None = None) -> None:
+        super().__init__(container, prefix)
         if bool(connection_string) == bool(account_url):
             raise ConfigError(
                 "Azure checkpoint storage needs exactly one of checkpoint_storage.connection_string and "
@@ -53,7 +44,6 @@ class AzureStorage(RemoteStorage):
         if credential and not account_url:
             raise ConfigError("checkpoint_storage.credential goes with account_url, not with connection_string")
         require_package("azure.storage.blob", "azure", "Azure")
-        super().__init__(container, prefix)
         self._connection_string = connection_string
         self.account_url = account_url
         self._credential = credential

@@ -11,11 +11,9 @@ from typing import Any
 
 from determined_trials.core.storage._base import StorageError
 from determined_trials.core.storage._remote import RemoteStorage, require_package
-from determined_trials.errors import ConfigError
 
 __all__ = ["GCSStorage"]
 
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._\-]{1,220}[a-z0-9]$")
 _CHECK_TIMEOUT_S = 30.0
 """How long the start-up check retries an endpoint that does not answer before it gives up."""
 
@@ -29,16 +27,14 @@ class GCSStorage(RemoteStorage):
     google-cloud-storage itself does for a custom endpoint.
     """
 
-    scheme = "gs"
+    scheme, service = "gs", "GCS"
+    name_pattern = re.compile(r"^[a-z0-9][a-z0-9._\-]{1,220}[a-z0-9]$")
+    name_rule = ("3-63 characters of lowercase letters, digits, '-', '_' and '.', starting and ending with a "
+                 "letter or digit")
 
     def __init__(self, bucket: str, prefix: str | None = None, *, endpoint_url: str | None = None) -> None:
-        if not isinstance(bucket, str) or not _BUCKET_RE.match(bucket):
-            raise ConfigError(
-                f"invalid GCS bucket name {bucket!r}: use 3-63 characters of lowercase letters, digits, "
-                "'-', '_' and '.', starting and ending with a letter or digit (checkpoint_storage.bucket)"
-            )
-        require_package("google.cloud.storage", "gcs", "GCS")
         super().__init__(bucket, prefix)
+        require_package("google.cloud.storage", "gcs", "GCS")
         self.endpoint_url = endpoint_url or None
 
     def _endpoint(self) -> str | None:

@@ -12,6 +12,7 @@ import abc
 import contextlib
 import importlib.util
 import json
+import re
 import shutil
 import tempfile
 import threading
@@ -19,16 +20,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from determined_trials.core.storage._base import (
-    METADATA_FILE,
-    CheckpointNotFoundError,
-    Selector,
-    StorageError,
-    StorageManager,
-    check_storage_id,
-    dump_metadata,
-    safe_join,
-)
+from determined_trials.core.storage import _base
+from determined_trials.core.storage._base import METADATA_FILE, CheckpointNotFoundError, StorageError, StorageManager
+from determined_trials.errors import ConfigError
 
 __all__ = ["RemoteStorage", "require_package"]
 
@@ -57,8 +51,20 @@ class RemoteStorage(StorageManager):
     direct_access = False
     scheme = ""
     """The URI scheme of ``describe()``: ``s3``, ``gs`` or ``az``."""
+    service = ""
+    """The service's name in messages: ``S3``, ``GCS``, ``Azure``."""
+    name_pattern: re.Pattern[str] = re.compile(".+")
+    name_rule = ""
+    """What a valid bucket (container) name is, for the error when ``name_pattern`` does not match."""
+    name_key = "bucket"
+    """The config key that names the bucket (``container`` for Azure)."""
 
     def __init__(self, bucket: str, prefix: str | None) -> None:
+        if not isinstance(bucket, str) or not self.name_pattern.match(bucket):
+            raise ConfigError(
+                f"invalid {self.service} {self.name_key} name {bucket!r}: use {self.name_rule} "
+                f"(checkpoint_storage.{self.name_key})"
+            )
         self.bucket = bucket
         self.prefix = (prefix or "").strip("/")
         self._client_obj: Any = None
@@ -126,7 +132,8 @@ class RemoteStorage(StorageManager):
         return self._client_obj
 
     def _key(self, storage_id: str, rel: str = "") -> str:
-        base = f"{self.prefix}/{check_storage_id(storage_id)}/" if self.prefix else f"{check_storage_id(storage_id)}/"
+        folder = f"{_base.check_storage_id(storage_id)}/"
+        base = f"{self.prefix}/{folder}" if self.prefix else folder
         return base + rel
 
     def _iter_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
@@ -136,7 +143,7 @@ class RemoteStorage(StorageManager):
 
     # -- writing -------------------------------------------------------------------------------------
     def stage_dir(self, storage_id: str, rank: int) -> Path:
-        path = Path(tempfile.mkdtemp(prefix=f"det-ckpt-{check_storage_id(storage_id)[:8]}-r{int(rank)}-"))
+        path = Path(tempfile.mkdtemp(prefix=f"det-ckpt-{_base.check_storage_id(storage_id)[:8]}-r{int(rank)}-"))
         self._scratch[(storage_id, int(rank))] = path
         return path
 
@@ -146,7 +153,7 @@ class RemoteStorage(StorageManager):
             if rel == METADATA_FILE:
                 raise StorageError(f"{METADATA_FILE} is written by commit(), not put(); leave it out")
             with self._errors(f"uploading {rel!r}"):
-                self._upload_file(self._key(storage_id, rel), str(safe_join(Path(src), rel)))
+                self._upload_file(self._key(storage_id, rel), str(_base.safe_join(Path(src), rel)))
 
     def release(self, storage_id: str, rank: int) -> None:
         path = self._scratch.pop((storage_id, int(rank)), None)
@@ -156,7 +163,7 @@ class RemoteStorage(StorageManager):
     def commit(self, storage_id: str, metadata: dict[str, Any]) -> dict[str, int]:
         self.check()
         with self._errors(f"uploading {METADATA_FILE}"):
-            self._upload_bytes(self._key(storage_id, METADATA_FILE), dump_metadata(metadata))
+            self._upload_bytes(self._key(storage_id, METADATA_FILE), _base.dump_metadata(metadata))
         return self.list_files(storage_id)
 
     def abort(self, storage_id: str) -> None:
@@ -198,7 +205,7 @@ class RemoteStorage(StorageManager):
             raise StorageError(f"{METADATA_FILE} of {storage_id!r} in {self.describe()} is not a JSON object")
         return data
 
-    def download(self, storage_id: str, dst: Path, selector: Selector | None = None) -> None:
+    def download(self, storage_id: str, dst: Path, selector: _base.Selector | None = None) -> None:
         files = [f for f in self.list_files(storage_id) if selector is None or selector(f)]
         self.download_files(storage_id, dst, files)
 
@@ -206,7 +213,7 @@ class RemoteStorage(StorageManager):
         self.check()
         Path(dst).mkdir(parents=True, exist_ok=True)
         for rel in files:
-            target = safe_join(Path(dst), rel)
+            target = _base.safe_join(Path(dst), rel)
             target.parent.mkdir(parents=True, exist_ok=True)
             with self._errors(f"downloading {rel!r}"):
                 self._download_file(self._key(storage_id, rel), str(target))

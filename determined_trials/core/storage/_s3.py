@@ -11,11 +11,9 @@ from typing import Any
 
 from determined_trials.core.storage._base import StorageError
 from determined_trials.core.storage._remote import RemoteStorage
-from determined_trials.errors import ConfigError
 
 __all__ = ["S3Storage"]
 
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _DELETE_BATCH = 1000
 
 
@@ -29,7 +27,9 @@ class S3Storage(RemoteStorage):
     folder that is removed afterwards.
     """
 
-    scheme = "s3"
+    scheme, service = "s3", "S3"
+    name_pattern = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+    name_rule = "3-63 characters of lowercase letters, digits, '.' and '-', starting and ending with a letter or digit"
 
     def __init__(
         self,
@@ -41,11 +41,6 @@ class S3Storage(RemoteStorage):
         secret_key: str | None = None,
         region: str | None = None,
     ) -> None:
-        if not isinstance(bucket, str) or not _BUCKET_RE.match(bucket):
-            raise ConfigError(
-                f"invalid S3 bucket name {bucket!r}: use 3-63 characters of lowercase letters, digits, "
-                "'.' and '-', starting and ending with a letter or digit (checkpoint_storage.bucket)"
-            )
         super().__init__(bucket, prefix)
         env = os.environ
         self.endpoint_url = endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None

@@ -13,6 +13,7 @@ from determined_trials.core.storage._azure import AzureStorage
 from determined_trials.core.storage._base import StorageManager
 from determined_trials.core.storage._directory import DirectoryStorage
 from determined_trials.core.storage._gcs import GCSStorage
+from determined_trials.core.storage._remote import RemoteStorage
 from determined_trials.core.storage._s3 import S3Storage
 from determined_trials.errors import ConfigError
 
@@ -27,6 +28,10 @@ _KEYS: dict[str, set[str]] = {
     "gcs": {"bucket", "prefix", "endpoint_url"},
     "azure": {"container", "prefix", "connection_string", "account_url", "credential"},
 }
+_BUCKETS: dict[str, tuple[type[RemoteStorage], str]] = {
+    "s3": (S3Storage, "bucket"), "gcs": (GCSStorage, "bucket"), "azure": (AzureStorage, "container"),
+}
+"""Bucket types: the backend and the key that names its bucket (the rest of _KEYS are its keyword arguments)."""
 _URIS = "a directory path, file:///path, s3://<bucket>[/<prefix>], gs://<bucket>[/<prefix>] or az://<container>[/<prefix>]"
 AZURE_CONNECTION_ENV = "AZURE_STORAGE_CONNECTION_STRING"
 
@@ -102,31 +107,12 @@ def _from_mapping(spec: Mapping[str, Any]) -> StorageManager:
                 f"checkpoint_storage.{key} is not a field of type {kind!r}{suggestion} "
                 f"(fields: {', '.join(sorted(_KEYS[kind]))})"
             )
-    if kind == "s3":
-        if not values.get("bucket"):
-            raise ConfigError("checkpoint_storage.bucket is required for type 's3'")
-        return S3Storage(
-            values["bucket"],
-            values.get("prefix"),
-            endpoint_url=values.get("endpoint_url"),
-            access_key=values.get("access_key"),
-            secret_key=values.get("secret_key"),
-            region=values.get("region"),
-        )
-    if kind == "gcs":
-        if not values.get("bucket"):
-            raise ConfigError("checkpoint_storage.bucket is required for type 'gcs'")
-        return GCSStorage(values["bucket"], values.get("prefix"), endpoint_url=values.get("endpoint_url"))
-    if kind == "azure":
-        if not values.get("container"):
-            raise ConfigError("checkpoint_storage.container is required for type 'azure'")
-        return AzureStorage(
-            values["container"],
-            values.get("prefix"),
-            connection_string=values.get("connection_string"),
-            account_url=values.get("account_url"),
-            credential=values.get("credential"),
-        )
+    if kind in _BUCKETS:
+        backend, name = _BUCKETS[kind]
+        if not values.get(name):
+            raise ConfigError(f"checkpoint_storage.{name} is required for type {kind!r}")
+        options = {k: v for k, v in values.items() if k not in (name, "prefix")}  # the backends' keyword names
+        return backend(values[name], values.get("prefix"), **options)
     if kind == "directory":
         return DirectoryStorage(_required_path(values, "container_path", kind))
     return DirectoryStorage(_shared_fs_path(values))
