@@ -26,8 +26,9 @@ import pytest
 from helpers_paths import REPO
 
 __all__ = [
-    "AZURITE_KEY", "BUCKETS", "S3_KEYS", "azure_connection_string", "azure_server_fixture", "bucket_server",
-    "bucket_spec", "free_port", "gcs_server_fixture", "list_keys", "s3_server_fixture",
+    "AZURITE_KEY", "BUCKETS", "S3_KEYS", "azure_connection_string", "azure_server_fixture", "azurite",
+    "azurite_path", "bucket_server", "bucket_spec", "free_port", "gcs_emulator", "gcs_emulator_path",
+    "gcs_server_fixture", "list_keys", "s3_server_fixture",
 ]
 
 BUCKETS = ("s3", "gcs", "azure")
@@ -65,7 +66,7 @@ def _serving(cmd: list[str], port: int) -> Iterator[None]:
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
-                    pytest.fail(f"{cmd[0]} did not start on port {port} (exit {proc.poll()}): {err}")
+                    raise RuntimeError(f"{cmd[0]} did not start on port {port} (exit {proc.poll()}): {err}") from None
                 time.sleep(0.05)  # polling for the port, not synchronising on time
         yield
     finally:
@@ -90,20 +91,42 @@ def s3_server_fixture() -> Iterator[str]:
         server.stop()
 
 
-@pytest.fixture(scope="session", name="gcs_server")
-def gcs_server_fixture() -> Iterator[str]:
-    """gcp-storage-emulator (in memory); yields its endpoint URL (what STORAGE_EMULATOR_HOST takes)."""
-    pytest.importorskip("google.cloud.storage")
+def gcs_emulator_path() -> str | None:
+    """The gcp-storage-emulator script beside this Python, else on PATH."""
     script = Path(sys.executable).parent / "gcp-storage-emulator"
-    found = str(script) if script.exists() else shutil.which("gcp-storage-emulator")
-    if found is None:
-        _missing("gcp-storage-emulator is not installed (make venv installs it)")
+    return str(script) if script.exists() else shutil.which("gcp-storage-emulator")
+
+
+@contextlib.contextmanager
+def gcs_emulator(script: str) -> Iterator[str]:
+    """gcp-storage-emulator (in memory) on a free port; yields its endpoint URL (what STORAGE_EMULATOR_HOST takes)."""
     port = free_port()
-    with _serving([str(found), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"], port):
+    with _serving([script, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"], port):
         yield f"http://127.0.0.1:{port}"
 
 
-def _azurite_path() -> str | None:
+@contextlib.contextmanager
+def azurite(binary: str) -> Iterator[str]:
+    """Azurite's blob service on a free port, data in a temporary folder; yields its connection string."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="det-azurite-") as location, _serving(
+        [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", location, "--silent",
+         "--skipApiVersionCheck"], port):
+        yield azure_connection_string(port)
+
+
+@pytest.fixture(scope="session", name="gcs_server")
+def gcs_server_fixture() -> Iterator[str]:
+    """The GCS emulator for the session's tests; yields its endpoint URL."""
+    pytest.importorskip("google.cloud.storage")
+    found = gcs_emulator_path()
+    if found is None:
+        _missing("gcp-storage-emulator is not installed (make venv installs it)")
+    with gcs_emulator(str(found)) as endpoint:
+        yield endpoint
+
+
+def azurite_path() -> str | None:
     override = os.environ.get(_AZURITE_ENV)
     if override:
         return override  # a wrong path then fails loudly at start, rather than skipping
@@ -113,16 +136,13 @@ def _azurite_path() -> str | None:
 
 @pytest.fixture(scope="session", name="azure_server")
 def azure_server_fixture() -> Iterator[str]:
-    """Azurite's blob service (data in a temporary folder); yields its connection string."""
+    """Azurite for the session's tests; yields its connection string."""
     pytest.importorskip("azure.storage.blob")
-    found = _azurite_path()
+    found = azurite_path()
     if found is None:
         _missing(f"Azurite is not installed: run `make azurite` (or set {_AZURITE_ENV} to azurite-blob)")
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="det-azurite-") as location, _serving(
-        [str(found), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", location, "--silent",
-         "--skipApiVersionCheck"], port):
-        yield azure_connection_string(port)
+    with azurite(str(found)) as connection_string:
+        yield connection_string
 
 
 def azure_connection_string(port: int, key: str = AZURITE_KEY) -> str:
