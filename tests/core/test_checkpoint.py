@@ -367,3 +367,17 @@ def test_a_kill_mid_write_leaves_earlier_checkpoints_intact(tmp_path: Path) -> N
     assert (store / f".staging-{second}").exists()  # the partial write is there, hidden
     assert storage.remove_stale_staging(older_than_s=-1) == [f".staging-{second}"]
     assert storage.list_checkpoints() == [first["first"]]
+
+
+@pytest.mark.parametrize(("uri", "extra"), [("gs://abc/p", "gcs"), ("az://abc/p", "azure")])
+def test_a_missing_client_library_names_the_extra(tmp_path: Path, monkeypatch: Any, uri: str, extra: str) -> None:
+    import importlib.util
+
+    from determined_trials.core.storage import StorageError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith(
+        ("google.cloud", "azure")) else real(name, *a))
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "UseDevelopmentStorage=true")
+    with pytest.raises(StorageError, match=rf"pip install 'determined-trials\[{extra}\]'"):
+        storage_from_spec(uri, default_dir=tmp_path)

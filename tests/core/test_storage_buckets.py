@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import signal
 import uuid
 from collections.abc import Sequence
@@ -96,6 +97,18 @@ def test_upload_download_with_selectors_and_delete(storage: RemoteStorage, tmp_p
     assert list_keys(storage) == [] and recorder.deleted == [sid]
     with pytest.raises(CheckpointNotFoundError):
         ctx.get_metadata(sid)
+
+
+def test_a_file_past_the_multipart_threshold_round_trips(storage: RemoteStorage, tmp_path: Path) -> None:
+    """9 MiB: boto3 uploads it in parts, google-cloud-storage as a resumable upload (both switch at 8 MiB)."""
+    data = random.Random(3).randbytes(9 << 20)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "big.bin").write_bytes(data)
+    ctx = CheckpointContext(dummy_distributed(), storage)
+    sid = ctx.upload(tmp_path / "src", {"steps_completed": 1})
+    assert storage.list_files(sid)["big.bin"] == len(data)
+    with ctx.restore_path(sid) as path:
+        assert (path / "big.bin").read_bytes() == data
 
 
 def test_an_incomplete_prefix_is_invisible(storage: RemoteStorage, tmp_path: Path) -> None:
