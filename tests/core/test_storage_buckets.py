@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import random
 import signal
 import uuid
@@ -81,6 +82,12 @@ def test_store_path_restore_path_round_trip(storage: RemoteStorage) -> None:
     assert json.loads(tree.pop("metadata.json")) == {"steps_completed": 9} == ctx.get_metadata(sid)
     assert tree == files
     assert recorder.saved[0][2] == {**{k: len(v) for k, v in files.items()}, "metadata.json": recorder.saved[0][2]["metadata.json"]}
+
+
+def test_a_storage_in_use_pickles_and_works_in_the_copy(storage: RemoteStorage) -> None:
+    sid = CheckpointContext(dummy_distributed(), storage).upload(None, {"steps_completed": 4})
+    copy = pickle.loads(pickle.dumps(storage))
+    assert copy.describe() == storage.describe() and copy.read_metadata(sid) == {"steps_completed": 4}
 
 
 def test_upload_download_with_selectors_and_delete(storage: RemoteStorage, tmp_path: Path) -> None:

@@ -71,6 +71,13 @@ class RemoteStorage(StorageManager):
         self._client_lock = threading.Lock()
         self._scratch: dict[tuple[str, int], Path] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (e.g. sent to another process): without the client and its lock, made again there."""
+        return {**self.__dict__, "_client_obj": None, "_client_lock": None, "_scratch": {}}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _client_lock=threading.Lock())
+
     def describe(self) -> str:
         where = f"{self.scheme}://{self.bucket}/{self.prefix}".rstrip("/")
         endpoint = self._endpoint()
