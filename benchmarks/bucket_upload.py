@@ -124,11 +124,13 @@ def bench(kind: str, folder: Path, files: list[str], rounds: int) -> dict[str, f
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--mb", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="2 rounds of a 4 MB checkpoint (a smoke run)")
+    parser.add_argument("--mb", type=int, default=200, help="the checkpoint's size")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (each: both uploads)")
     args = parser.parse_args(argv)
-    rounds, mb = (2, 4) if args.quick else (args.rounds, args.mb)
+    if args.quick:
+        args.rounds, args.mb = 2, 4
+    rounds, mb = args.rounds, args.mb
     with tempfile.TemporaryDirectory(prefix="det-bench-bucket-") as tmp:
         folder = Path(tmp)
         files = _write_checkpoint(folder, mb)
