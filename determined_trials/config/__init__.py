@@ -39,7 +39,9 @@ from determined_trials.config._searcher import (
     SingleSearcher,
 )
 from determined_trials.config._storage import (
+    AzureStorage,
     DirectoryStorage,
+    GCSStorage,
     S3Storage,
     SharedFSStorage,
     StorageConfig,
@@ -47,6 +49,7 @@ from determined_trials.config._storage import (
 
 __all__ = [
     "AdaptiveASHASearcher",
+    "AzureStorage",
     "CategoricalHP",
     "ConfigSource",
     "ConfigWarning",
@@ -54,6 +57,7 @@ __all__ = [
     "DirectoryStorage",
     "DoubleHP",
     "ExperimentConfig",
+    "GCSStorage",
     "GridSearcher",
     "PBTSearcher",
     "HParamSpec",

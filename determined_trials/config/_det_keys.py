@@ -54,6 +54,8 @@ DETERMINED_KEYS: Mapping[str, frozenset[str]] = {
     },
     "checkpoint_storage.directory": _STORAGE_COMMON | {"container_path"},
     "checkpoint_storage.s3": _STORAGE_COMMON | {"bucket", "access_key", "secret_key", "endpoint_url", "prefix"},
+    "checkpoint_storage.gcs": _STORAGE_COMMON | {"bucket", "prefix"},
+    "checkpoint_storage.azure": _STORAGE_COMMON | {"container", "connection_string", "account_url", "credential"},
     "resources": frozenset({
         "agent_label", "devices", "is_single_node", "max_slots", "native_parallel", "priority", "resource_pool",
         "shm_size", "slots", "slots_per_trial", "weight",

@@ -35,7 +35,7 @@ from determined_trials.config._searcher import (
     RandomSearcher,
     SingleSearcher,
 )
-from determined_trials.config._storage import DirectoryStorage, S3Storage, SharedFSStorage
+from determined_trials.config._storage import AzureStorage, DirectoryStorage, GCSStorage, S3Storage, SharedFSStorage
 
 __all__ = ["render_reference"]
 
@@ -54,8 +54,9 @@ must be finite.
 _SECTIONS: list[tuple[str, str, list[type[BaseModel]]]] = [
     ("searcher", "One of these, chosen by `name`.",
      [SingleSearcher, GridSearcher, RandomSearcher, AdaptiveASHASearcher, OptunaSearcher, PBTSearcher]),
-    ("checkpoint_storage", "A path (`/data/ckpts`, `s3://bucket/prefix`), or one of these, chosen by `type` "
-     "(default: `<run dir>/checkpoints`).", [SharedFSStorage, DirectoryStorage, S3Storage]),
+    ("checkpoint_storage", "A path (`/data/ckpts`, `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix` "
+     "with `AZURE_STORAGE_CONNECTION_STRING`), or one of these, chosen by `type` (default: `<run dir>/checkpoints`).",
+     [SharedFSStorage, DirectoryStorage, S3Storage, GCSStorage, AzureStorage]),
     ("hyperparameters", "A mapping of name -> a plain value (a constant), a nested mapping without `type` "
      "(a group), or one of these, chosen by `type`.", [ConstHP, IntHP, DoubleHP, LogHP, CategoricalHP]),
 ]

@@ -177,11 +177,12 @@ def init(
     )
     exp_config = _resolve_config(config, info)
     run_path = resolve_run_dir(run_dir, info)
+    storage_spec = checkpoint_storage if checkpoint_storage is not None else exp_config.checkpoint_storage
+    storage = storage_from_spec(storage_spec, default_dir=run_path / "checkpoints")
+    storage.check()  # a missing bucket or refused credentials: an error now, before training
     store = open_store(run_path)
     trial = info.trial if info is not None else _register_bare_trial(store, dist, exp_config)
     cluster_info = info or ClusterInfo(trial=trial, run_dir=str(run_path))
-    storage_spec = checkpoint_storage if checkpoint_storage is not None else exp_config.checkpoint_storage
-    storage = storage_from_spec(storage_spec, default_dir=run_path / "checkpoints")
     if dist.get_rank() == 0:
         remove_stale_staging(storage)
         if isinstance(store, LocalStore):  # owners' pids mean something only on the store's machine

@@ -42,6 +42,7 @@ class ExperimentRunner(TrialOutcomes):
         claim_experiment(self.store, self.experiment_id)
         with _stop_signals(self.request_stop):
             try:
+                self._storage.check()  # a missing bucket or refused credentials: before any trial starts
                 self._executor.prepare(self._config, self._storage)
                 self._loop()
             except BaseException as exc:

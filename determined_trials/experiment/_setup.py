@@ -17,6 +17,7 @@ import yaml
 
 from determined_trials.config import ConfigWarning, ExperimentConfig, load_config
 from determined_trials.core._context import resolve_run_dir
+from determined_trials.core.storage import StorageError, storage_from_spec
 from determined_trials.core.store import RunState
 from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import release_dead_owners
@@ -141,6 +142,10 @@ def create_experiment(
         parsed = load_config(_absolute_storage(parsed.as_dict(), Path.cwd()))
     searcher = (searcher_factory or _default_searcher)(parsed)
     run_path = resolve_run_dir(run_dir)
+    try:  # a missing bucket or refused credentials: before anything is recorded or started
+        storage_from_spec(parsed.checkpoint_storage, default_dir=run_path / "checkpoints").check()
+    except StorageError as exc:
+        raise ExperimentError(str(exc)) from None
     store = LocalStore(run_path)
     display = display or Display(progress=False)
     staging = _snapshot_to_staging(Path(context_dir), run_path, max_context_bytes, display)

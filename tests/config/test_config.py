@@ -16,9 +16,11 @@ from pydantic import ValidationError
 
 from determined_trials.config import (
     AdaptiveASHASearcher,
+    AzureStorage,
     CategoricalHP,
     ConfigWarning,
     ExperimentConfig,
+    GCSStorage,
     GridSearcher,
     IntHP,
     Length,
@@ -193,6 +195,11 @@ def test_storage_forms() -> None:
     s3 = load_config({"searcher": SINGLE, "checkpoint_storage": {
         "type": "s3", "bucket": "b", "prefix": "p", "endpoint_url": "http://127.0.0.1:9000"}}).checkpoint_storage
     assert isinstance(s3, S3Storage) and (s3.bucket, s3.prefix, s3.save_trial_best) == ("b", "p", 1)
+    gcs = load_config({"searcher": SINGLE, "checkpoint_storage": {"type": "gcs", "bucket": "b", "prefix": "p"}})
+    assert isinstance(gcs.checkpoint_storage, GCSStorage) and gcs.checkpoint_storage.prefix == "p"
+    azure = load_config({"searcher": SINGLE, "checkpoint_storage": {
+        "type": "azure", "container": "c", "account_url": "https://a.blob.core.windows.net", "credential": "k"}})
+    assert isinstance(azure.checkpoint_storage, AzureStorage) and azure.checkpoint_storage.credential == "k"
     d = load_config({"searcher": SINGLE, "checkpoint_storage": {"type": "directory", "container_path": "c"}})
     assert d.as_dict()["checkpoint_storage"]["container_path"] == "c"
 
@@ -330,8 +337,11 @@ BAD: list[tuple[str, dict[str, Any], str, list[str]]] = [
      "hyperparameters.lr.count", ["grid searcher needs `count`", "'lr'"]),
     ("asha without length", {"searcher": {**SINGLE, "name": "adaptive_asha", "max_trials": 4}},
      "searcher.max_length", ["adaptive_asha needs a length"]),
-    ("unknown storage type", {"searcher": SINGLE, "checkpoint_storage": {"type": "gcs", "bucket": "b"}},
-     "checkpoint_storage.type", ["shared_fs, directory, s3"]),
+    ("unknown storage type", {"searcher": SINGLE, "checkpoint_storage": {"type": "hdfs", "bucket": "b"}},
+     "checkpoint_storage.type", ["shared_fs, directory, s3, gcs, azure"]),
+    ("azure with two ways in", {"searcher": SINGLE, "checkpoint_storage": {
+        "type": "azure", "container": "c", "connection_string": "x", "account_url": "https://a"}},
+     "checkpoint_storage", ["exactly one of connection_string and account_url"]),
     ("storage missing field", {"searcher": SINGLE, "checkpoint_storage": {"type": "s3"}},
      "checkpoint_storage.bucket", ["required key is missing", "bucket: my-checkpoints"]),
     ("seed out of range", {"searcher": SINGLE, "reproducibility": {"experiment_seed": 2**31}},

@@ -16,8 +16,10 @@ from helpers_ckpt import Recorder, failure, make_tree, read_tree, start_worker
 from determined_trials.core import CheckpointContext, DownloadMode
 from determined_trials.core._distributed import dummy_distributed
 from determined_trials.core.storage import (
+    AzureStorage,
     CheckpointNotFoundError,
     DirectoryStorage,
+    GCSStorage,
     S3Storage,
     storage_from_spec,
 )
@@ -292,6 +294,18 @@ def test_storage_from_spec_directories(tmp_path: Path) -> None:
     assert _dir_of(Model(), tmp_path) == tmp_path.resolve()
     s3 = storage_from_spec("s3://my-bucket/a/b/", default_dir=tmp_path)
     assert isinstance(s3, S3Storage) and (s3.bucket, s3.prefix) == ("my-bucket", "a/b")
+    gcs = storage_from_spec("gs://my_bucket.x/p/", default_dir=tmp_path)
+    assert isinstance(gcs, GCSStorage) and (gcs.bucket, gcs.prefix, gcs.describe()) == ("my_bucket.x", "p", "gs://my_bucket.x/p")
+
+
+def test_az_uri_takes_the_connection_string_from_the_environment(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    with pytest.raises(ConfigError, match="AZURE_STORAGE_CONNECTION_STRING, which is not set"):
+        storage_from_spec("az://ckpts/a", default_dir=tmp_path)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "AccountName=x;AccountKey=a2V5;BlobEndpoint=http://h:1/x")
+    az = storage_from_spec("az://ckpts/a/", default_dir=tmp_path)
+    assert isinstance(az, AzureStorage) and (az.container, az.prefix) == ("ckpts", "a")
+    assert az.describe() == "az://ckpts/a (endpoint http://h:1/x)" and "a2V5" not in repr(az)  # never the key
 
 
 @pytest.mark.parametrize(
@@ -304,9 +318,18 @@ def test_storage_from_spec_directories(tmp_path: Path) -> None:
         ({"type": "s3", "bucket": "abc", "endpoint": "http://x"}, "did you mean 'endpoint_url'"),
         ({"type": "directory"}, "container_path is required"),
         ({"type": "shared_fs", "host_path": "/a", "storage_path": "/b"}, "outside host_path"),
-        ("gs://bucket/x", "not supported"),
+        ({"type": "gcs", "prefix": "p"}, "bucket is required for type 'gcs'"),
+        ({"type": "gcs", "bucket": "Upper"}, "invalid GCS bucket name"),
+        ({"type": "azure", "connection_string": "x"}, "container is required"),
+        ({"type": "azure", "container": "a--b", "connection_string": "x"}, "invalid Azure container name"),
+        ({"type": "azure", "container": "abc"}, "exactly one of"),
+        ({"type": "azure", "container": "abc", "connection_string": "x", "account_url": "u"}, "exactly one of"),
+        ({"type": "azure", "container": "abc", "connection_string": "x", "credential": "k"}, "goes with account_url"),
+        ({"type": "gcs", "bucket": "abc", "container": "c"}, "not a field of type 'gcs'"),
+        ("hdfs://bucket/x", "not supported"),
         ("s3://", "names no bucket"),
-        (42, "must be a path"),
+        ("az:///p", "names no container"),
+        (42, "must be a directory path"),
     ],
 )
 def test_storage_from_spec_errors(tmp_path: Path, spec: Any, match: str) -> None:
@@ -344,3 +367,17 @@ def test_a_kill_mid_write_leaves_earlier_checkpoints_intact(tmp_path: Path) -> N
     assert (store / f".staging-{second}").exists()  # the partial write is there, hidden
     assert storage.remove_stale_staging(older_than_s=-1) == [f".staging-{second}"]
     assert storage.list_checkpoints() == [first["first"]]
+
+
+@pytest.mark.parametrize(("uri", "extra"), [("gs://abc/p", "gcs"), ("az://abc/p", "azure")])
+def test_a_missing_client_library_names_the_extra(tmp_path: Path, monkeypatch: Any, uri: str, extra: str) -> None:
+    import importlib.util
+
+    from determined_trials.core.storage import StorageError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith(
+        ("google.cloud", "azure")) else real(name, *a))
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "UseDevelopmentStorage=true")
+    with pytest.raises(StorageError, match=rf"pip install 'determined-trials\[{extra}\]'"):
+        storage_from_spec(uri, default_dir=tmp_path)

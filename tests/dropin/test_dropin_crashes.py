@@ -244,7 +244,8 @@ def _with_key(section: str, key: str) -> dict[str, Any]:
         return conf
     if where == "checkpoint_storage":
         required = {"shared_fs": {"host_path": "/tmp"}, "directory": {"container_path": "/tmp"},
-                    "s3": {"bucket": "b"}}[kind]
+                    "s3": {"bucket": "b"}, "gcs": {"bucket": "b"},
+                    "azure": {"container": "c", "connection_string": "UseDevelopmentStorage=true"}}[kind]
         conf["checkpoint_storage"] = {"type": kind, **required}
         conf["checkpoint_storage"].setdefault(key, None)
         return conf

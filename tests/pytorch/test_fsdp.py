@@ -17,11 +17,20 @@ from typing import Any
 import helpers_two_ranks as two_ranks
 import pytest
 import torch
+from helpers_buckets import (  # noqa: F401 (the *_server fixtures)
+    azure_server_fixture,
+    bucket_server,
+    bucket_spec,
+    gcs_server_fixture,
+    s3_server_fixture,
+)
 from helpers_paths import SUPPORT
 from helpers_two_ranks import Results
 from worker_fsdp import run
 
 from determined_trials import core
+from determined_trials.cli.main import main as cli_main
+from determined_trials.core.storage import storage_from_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
@@ -30,6 +39,7 @@ WORKER = SUPPORT / "worker_fsdp.py"
 ATOL, RTOL = 1e-6, 1e-5
 STOP = 4  # stop after batch_idx 4: 5 batches trained, mid-epoch 0 (6 a epoch), after the checkpoint at 4
 CLIP = 0.5
+BUCKETS = ("gcs", "azure")  # sharded checkpoints in a bucket: each rank uploads its own shard files
 
 
 def _last_checkpoint(run_dir: Path, trial_id: int) -> str:
@@ -37,9 +47,13 @@ def _last_checkpoint(run_dir: Path, trial_id: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Results, dict[str, Path]]:
+def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> tuple[Results, dict[str, Path]]:
     """1-process runs here, one 2-rank launch, then the 1-process resume of a 2-rank checkpoint."""
     tmp = tmp_path_factory.mktemp("fsdp")
+    buckets = {kind: bucket_spec(kind, bucket_server(request, kind)) for kind in BUCKETS}
+    in_buckets = [scenario for kind, spec in buckets.items() for scenario in (
+        {"name": f"stop_{kind}", "run_dir": str(tmp / kind), "stop_after": STOP, "storage": spec},
+        {"name": f"resume_{kind}", "run_dir": str(tmp / kind), "latest_checkpoint": "latest", "storage": spec})]
     names = ("one", "one_double", "one_clip", "one_to_two", "two", "stop", "agg", "stop_agg", "clip", "two_to_one", "fails", "mp",
              "stop_mp")
     dirs = {name: tmp / name for name in names}
@@ -71,9 +85,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Results, dict[str, P
             {"name": "stop_for_one", "run_dir": str(dirs["two_to_one"]), "stop_after": STOP},
             {"name": "errors", "errors": True},
             {"name": "prepare_fails", "run_dir": str(dirs["fails"]), "prepare_fails": True},
+            *in_buckets,
         ], RUN_S))
         two_ckpt = _last_checkpoint(dirs["two_to_one"], results["stop_for_one"][0]["trial_id"])
         results["resume_one"] = [run({"run_dir": str(dirs["two_to_one"]), "latest_checkpoint": two_ckpt}, 0)]
+    dirs.update({f"bucket_{kind}": tmp / kind for kind in BUCKETS})
+    results.update({f"spec_{kind}": [spec] for kind, spec in buckets.items()})
     return results, dirs
 
 
@@ -135,6 +152,32 @@ def test_resume_on_two_is_bitwise(runs: tuple[Results, dict[str, Path]]) -> None
         seen = {**_global_seen(results[stop]), **_global_seen(results[resume])}
         assert seen == _global_seen(results[full])
         assert min(b for b, _ in results[resume][0]["seen"]) == STOP + 1
+
+
+@pytest.mark.parametrize("kind", BUCKETS)
+def test_a_sharded_checkpoint_in_a_bucket_resumes_bitwise_and_exports(
+    runs: tuple[Results, dict[str, Path]], kind: str, tmp_path: Path
+) -> None:
+    results, dirs = runs
+    stop, resume, spec = results[f"stop_{kind}"], results[f"resume_{kind}"], results[f"spec_{kind}"][0]
+    assert [r["background"] for r in stop] == [[4], [4]]  # batch 4's shards went up off the training thread
+    assert resume[0]["state"] == resume[1]["state"] == results["two"][0]["state"]  # both ranks' shards came back
+    assert {**_global_seen(stop), **_global_seen(resume)} == _global_seen(results["two"])
+    store, storage = core.LocalStore(dirs[f"bucket_{kind}"]), storage_from_spec(spec, default_dir=tmp_path)
+    kept = store.checkpoints(trial_id=resume[0]["trial_id"])
+    assert [c.steps_completed for c in kept] == [4, 5, 8, 12]  # checkpoint_policy "none": no retention here
+    assert storage.list_checkpoints() == sorted(c.uuid for c in kept)
+    last = kept[-1]
+    assert last.steps_completed == 12 and sorted(storage.list_files(last.uuid)) == [
+        "dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp", "load_data.json", "metadata.json",
+        "rank_state/rank0.pth", "rank_state/rank1.pth", "trial_state.json"]  # each rank uploaded its own
+    assert not any((dirs[f"bucket_{kind}"] / "checkpoints").glob("*/metadata.json"))  # no local copy kept
+    export = tmp_path / "export"
+    assert cli_main(["--run-dir", str(dirs[f"bucket_{kind}"]), "checkpoint", "export", "--consolidate", last.uuid,
+                     str(export)]) == 0
+    exported = torch.load(export / "model0_consolidated.pt", weights_only=True)
+    two = results["two"][0]["state"]
+    assert {f"model.{k}": v.tolist() for k, v in exported.items()} == {k: v for k, v in two.items() if k.startswith("model.")}
 
 
 def test_mixed_precision_keeps_float32_shards_and_trains_near_float32(runs: tuple[Results, dict[str, Path]]) -> None:

@@ -45,7 +45,7 @@ def write_slowly(path: Path) -> None:
 
 
 def slow_put(storage: Any) -> None:
-    """Make every S3 upload of a file slow, announcing when the first file has landed."""
+    """Make every bucket upload of a file slow, announcing when the first file has landed."""
     original = storage.put
 
     def put(storage_id: str, rank: int, src: Path, files: list[str]) -> None:

@@ -2,7 +2,7 @@
 + ``Trainer.fit`` of FSDPTrial, and writes ``<out>/<name>-rank<R>.json``.
 
 Usage: worker_fsdp.py PLAN_JSON. A scenario: {"name", "run_dir", "config" (kwargs of config()), "length",
-"stop_after" (rank 0 only), "latest_checkpoint"}. The rank layout comes from torchrun's variables.
+"stop_after" (rank 0 only), "latest_checkpoint", "storage" (a checkpoint_storage mapping)}. The rank layout comes from torchrun's variables.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ def run(scenario: dict[str, Any], rank: int) -> dict[str, Any]:
     _background.clear()
     length = scenario.get("length", 12)
     conf = config(length=length, **scenario.get("config", {}))
+    if scenario.get("storage"):
+        conf["checkpoint_storage"] = scenario["storage"]
     with pytorch.init(exp_conf=conf, run_dir=scenario["run_dir"]) as context:
         trial = FSDPTrial(context, stop_after=scenario.get("stop_after") if rank == 0 else None)
         trainer = pytorch.Trainer(trial, context)

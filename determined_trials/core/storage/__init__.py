@@ -1,10 +1,11 @@
-"""Checkpoint storage backends (a directory, S3) behind one StorageManager interface.
+"""Checkpoint storage backends (a directory, S3, GCS, Azure Blob) behind one StorageManager interface.
 
 May import: errors
 """
 
 from __future__ import annotations
 
+from determined_trials.core.storage._azure import AzureStorage
 from determined_trials.core.storage._base import (
     METADATA_FILE,
     CheckpointNotFoundError,
@@ -13,13 +14,18 @@ from determined_trials.core.storage._base import (
     StorageManager,
 )
 from determined_trials.core.storage._directory import DirectoryStorage
+from determined_trials.core.storage._gcs import GCSStorage
+from determined_trials.core.storage._remote import RemoteStorage
 from determined_trials.core.storage._s3 import S3Storage
 from determined_trials.core.storage._spec import storage_from_spec
 
 __all__ = [
     "METADATA_FILE",
+    "AzureStorage",
     "CheckpointNotFoundError",
     "DirectoryStorage",
+    "GCSStorage",
+    "RemoteStorage",
     "S3Storage",
     "Selector",
     "StorageError",

@@ -140,6 +140,14 @@ class StorageManager(abc.ABC):
     def abort(self, storage_id: str) -> None:
         """Chief only: remove whatever was staged or partially written for ``storage_id``."""
 
+    def check(self) -> None:
+        """Raise StorageError (saying what to check) unless the storage can be used; before training.
+
+        A directory is checked when it is made; a bucket on the network here (connect, bucket exists,
+        credentials accepted).
+        """
+        return None
+
     # -- reading -----------------------------------------------------------------------------------
     @abc.abstractmethod
     def exists(self, storage_id: str) -> bool:

@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from determined_trials.core.storage._azure import AzureStorage
 from determined_trials.core.storage._base import StorageManager
 from determined_trials.core.storage._directory import DirectoryStorage
+from determined_trials.core.storage._gcs import GCSStorage
+from determined_trials.core.storage._remote import RemoteStorage
 from determined_trials.core.storage._s3 import S3Storage
 from determined_trials.errors import ConfigError
 
@@ -22,16 +25,26 @@ _KEYS: dict[str, set[str]] = {
     "shared_fs": {"host_path", "storage_path", "propagation", "container_path"},
     "directory": {"container_path"},
     "s3": {"bucket", "prefix", "endpoint_url", "access_key", "secret_key", "region"},
+    "gcs": {"bucket", "prefix", "endpoint_url"},
+    "azure": {"container", "prefix", "connection_string", "account_url", "credential"},
 }
+_BUCKETS: dict[str, tuple[type[RemoteStorage], str]] = {
+    "s3": (S3Storage, "bucket"), "gcs": (GCSStorage, "bucket"), "azure": (AzureStorage, "container"),
+}
+"""Bucket types: the backend and the key that names its bucket (the rest of _KEYS are its keyword arguments)."""
+_URIS = "a directory path, file:///path, s3://<bucket>[/<prefix>], gs://<bucket>[/<prefix>] or az://<container>[/<prefix>]"
+AZURE_CONNECTION_ENV = "AZURE_STORAGE_CONNECTION_STRING"
 
 
 def storage_from_spec(spec: Any, *, default_dir: str | os.PathLike[str]) -> StorageManager:
     """Build the storage backend that ``spec`` describes.
 
-    ``None`` -> a directory at ``default_dir``; a path -> that directory; ``s3://bucket/prefix`` -> S3;
-    a mapping (or a config object with ``model_dump()``) with ``type`` shared_fs (host_path
-    [+ storage_path]), directory (container_path) or s3 (bucket, prefix, endpoint_url, access_key,
-    secret_key, region). A ready StorageManager is returned as is.
+    ``None`` -> a directory at ``default_dir``; a path -> that directory; ``s3://bucket/prefix`` -> S3,
+    ``gs://bucket/prefix`` -> GCS, ``az://container/prefix`` -> Azure (the connection string from
+    ``AZURE_STORAGE_CONNECTION_STRING``); a mapping (or a config object with ``model_dump()``) with ``type``
+    shared_fs (host_path [+ storage_path]), directory (container_path), s3 (bucket, prefix, endpoint_url,
+    access_key, secret_key, region), gcs (bucket, prefix, endpoint_url) or azure (container, prefix,
+    connection_string | account_url + credential). A ready StorageManager is returned as is.
     """
     if spec is None:
         return DirectoryStorage(default_dir)
@@ -46,27 +59,36 @@ def storage_from_spec(spec: Any, *, default_dir: str | os.PathLike[str]) -> Stor
     if isinstance(spec, Mapping):
         return _from_mapping(spec)
     raise ConfigError(
-        f"checkpoint_storage must be a path, an s3://bucket/prefix URI or a mapping with a 'type', "
+        f"checkpoint_storage must be {_URIS}, or a mapping with a 'type'; "
         f"got {type(spec).__name__}"
     )
 
 
 def _from_string(spec: str) -> StorageManager:
     if not spec.strip():
-        raise ConfigError("checkpoint_storage is an empty string; give a directory or an s3://bucket/prefix URI")
+        raise ConfigError(f"checkpoint_storage is an empty string; give {_URIS}")
     if "://" not in spec:
         return DirectoryStorage(spec)
     url = urlparse(spec)
-    if url.scheme == "s3":
-        if not url.netloc:
-            raise ConfigError(f"checkpoint_storage {spec!r} names no bucket; write s3://<bucket>[/<prefix>]")
-        return S3Storage(url.netloc, url.path.strip("/"))
     if url.scheme == "file":
         return DirectoryStorage(url.path)
-    raise ConfigError(
-        f"checkpoint_storage URI scheme {url.scheme!r} is not supported ({spec!r}); use a directory path, "
-        "file:///path or s3://<bucket>[/<prefix>]"
-    )
+    if url.scheme not in ("s3", "gs", "az"):
+        raise ConfigError(f"checkpoint_storage URI scheme {url.scheme!r} is not supported ({spec!r}); use {_URIS}")
+    if not url.netloc:
+        what = "container" if url.scheme == "az" else "bucket"
+        raise ConfigError(f"checkpoint_storage {spec!r} names no {what}; write {url.scheme}://<{what}>[/<prefix>]")
+    prefix = url.path.strip("/")
+    if url.scheme == "s3":
+        return S3Storage(url.netloc, prefix)
+    if url.scheme == "gs":
+        return GCSStorage(url.netloc, prefix)
+    connection_string = os.environ.get(AZURE_CONNECTION_ENV)
+    if not connection_string:
+        raise ConfigError(
+            f"checkpoint_storage {spec!r} takes its connection string from {AZURE_CONNECTION_ENV}, which is not "
+            "set; set it, or write checkpoint_storage as {type: azure, container: ..., connection_string: ...}"
+        )
+    return AzureStorage(url.netloc, prefix, connection_string=connection_string)
 
 
 def _from_mapping(spec: Mapping[str, Any]) -> StorageManager:
@@ -85,17 +107,12 @@ def _from_mapping(spec: Mapping[str, Any]) -> StorageManager:
                 f"checkpoint_storage.{key} is not a field of type {kind!r}{suggestion} "
                 f"(fields: {', '.join(sorted(_KEYS[kind]))})"
             )
-    if kind == "s3":
-        if not values.get("bucket"):
-            raise ConfigError("checkpoint_storage.bucket is required for type 's3'")
-        return S3Storage(
-            values["bucket"],
-            values.get("prefix"),
-            endpoint_url=values.get("endpoint_url"),
-            access_key=values.get("access_key"),
-            secret_key=values.get("secret_key"),
-            region=values.get("region"),
-        )
+    if kind in _BUCKETS:
+        backend, name = _BUCKETS[kind]
+        if not values.get(name):
+            raise ConfigError(f"checkpoint_storage.{name} is required for type {kind!r}")
+        options = {k: v for k, v in values.items() if k not in (name, "prefix")}  # the backends' keyword names
+        return backend(values[name], values.get("prefix"), **options)
     if kind == "directory":
         return DirectoryStorage(_required_path(values, "container_path", kind))
     return DirectoryStorage(_shared_fs_path(values))

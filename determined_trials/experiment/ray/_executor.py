@@ -128,7 +128,7 @@ class RayExecutor:
         """A directory store must be the same folder on every alive node: each node reads a marker."""
         folder = getattr(storage, "path", None)
         if folder is None or not getattr(storage, "direct_access", False):
-            return  # e.g. S3: reachable over the network
+            return  # a bucket (S3, GCS, Azure): reachable over the network
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         marker, content = Path(folder) / f".det-trials-probe-{secrets.token_hex(8)}", secrets.token_hex(16)
@@ -146,7 +146,8 @@ class RayExecutor:
             raise RayExecutorError(
                 f"checkpoint storage {folder} is a directory that Ray node(s) {', '.join(blind)} cannot see: "
                 "trials there could neither save nor restore checkpoints. Mount one shared folder at the same "
-                "path on every node (checkpoint_storage: {type: shared_fs, host_path: ...}) or use S3.")
+                "path on every node (checkpoint_storage: {type: shared_fs, host_path: ...}) or use a bucket "
+                "(s3, gcs, azure).")
 
     # -- trials -----------------------------------------------------------------------------------
     def start(self, job: TrialJob) -> TrialHandle:
