@@ -5,8 +5,6 @@ Also: a trial the runner creates is in its saved state before its process starts
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,9 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from helpers_experiment import make_context
+from helpers_experiment import kill_runner, make_context
 
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore
@@ -47,18 +44,13 @@ def _kill_runner_when(run_dir: Path, args: list[str], out: Path, ready: Callable
                 try:
                     if ready(store):
                         break
+                except KeyError:  # the experiment is not recorded yet
+                    pass
                 finally:
                     store.close()
             time.sleep(0.05)
-        children = psutil.Process(proc.pid).children(recursive=True)
-        proc.kill()
-        proc.wait(timeout=60)
-        _, alive = psutil.wait_procs(children, timeout=60)
-        assert alive == []
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        kill_runner(proc)
     store = LocalStore(run_dir)
     saved = store.experiment(1).searcher_state
     store.close()
