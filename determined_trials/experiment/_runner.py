@@ -57,7 +57,7 @@ class ExperimentRunner(TrialOutcomes):
             self._apply_stop()
             stopping = self._pausing or self._failure is not None
             while not stopping and self._queue and len(self._running) < self._max_parallel:
-                self._start(self._queue.pop(0))
+                self._start(self._queue[0])  # leaves the queue once running: a kill in between loses nothing
             if not self._running and (stopping or not self._queue):
                 return
             self._reap()
@@ -108,9 +108,11 @@ class ExperimentRunner(TrialOutcomes):
                 parent_trial_id=work.parent_trial_id, parent_checkpoint=work.warm_start,
                 search_round=work.search_round,
             )
+            self._save_state()  # the new trial is in the saved queue: a killed runner's `continue` runs it, once
         trial_id = work.trial_id
         length = self._searcher.next_length(work.request_id)
         if length is None:
+            self._queue.remove(work)
             self.store.set_trial_state(trial_id, RunState.COMPLETED, "stopped by the searcher")
             self._collect([trial_id])
             return
@@ -134,6 +136,7 @@ class ExperimentRunner(TrialOutcomes):
             run_dir=self.store.path, trial_dir=trial_dir, model_dir=self._model_dir, config_path=self._config_path,
             log_path=self._exp_dir / f"trial_{trial_id}.log", echo=self._echo_for(trial_id), gpus=tuple(gpus),
         ))
+        self._queue.remove(work)
         self._running[trial_id] = RunningTrial(work, int(length), proc, gpus)
         self._save_state()
         if self._pausing:

@@ -5,7 +5,6 @@ pid + start time), and the tables say what is true: STATUS only for running tria
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers_experiment import make_context, start_runner
+from helpers_experiment import kill_runner, make_context, start_runner
 
 from determined_trials.cli.main import main
 from determined_trials.config import load_config
@@ -55,17 +54,7 @@ def test_continue_after_the_runner_was_killed_with_sigkill(tmp_path: Path) -> No
     config, ctx = make_context(tmp_path, {"sleep": 0.05, "ckpt_every": 2}, searcher={
         "name": "single", "metric": "loss", "max_length": 12})
     run_dir = tmp_path / "runs"
-    proc = start_runner(run_dir, config, ctx, tmp_path / "create.out")
-    try:
-        children = psutil.Process(proc.pid).children(recursive=True)
-        proc.kill()  # kill -9 the runner: it records nothing
-        proc.wait(timeout=60)
-        _, alive = psutil.wait_procs(children, timeout=60)  # its trial gets SIGTERM and stops by itself
-        assert alive == []
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+    kill_runner(start_runner(run_dir, config, ctx, tmp_path / "create.out"))
     store = LocalStore(run_dir)
     assert store.experiment(1).state == "ACTIVE"  # what the killed runner left
     assert main(["--run-dir", str(run_dir), "trial", "list"]) == 0

@@ -82,6 +82,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
             {"name": "resume_mp", "run_dir": str(dirs["stop_mp"]), "config": {"mixed_precision": True},
              "latest_checkpoint": "latest"},
             {"name": "resume_from_one", "run_dir": str(dirs["one_to_two"]), "latest_checkpoint": one_ckpt},
+            {"name": "pbt_child", "run_dir": str(dirs["stop"]), "config": {"lr": 0.03}, "length": 14,
+             "latest_checkpoint": "newest"},  # resume_two's last checkpoint with a new lr: a PBT child's start
             {"name": "stop_for_one", "run_dir": str(dirs["two_to_one"]), "stop_after": STOP},
             {"name": "errors", "errors": True},
             {"name": "prepare_fails", "run_dir": str(dirs["fails"]), "prepare_fails": True},
@@ -227,6 +229,18 @@ def test_one_to_two_loads_what_was_saved_and_goes_on(runs: tuple[Results, dict[s
     seen = {**_global_seen(results["stop_one"]), **_global_seen(resumed)}
     assert seen == _global_seen(results["one"])
     _close(resumed[0]["state"], results["one"][0]["state"])
+
+
+def test_a_pbt_child_with_a_new_lr_keeps_the_schedule_and_the_optimizer_state(
+        runs: tuple[Results, dict[str, Path]]) -> None:
+    """Another trial's DCP checkpoint, loaded with other hparams: the lr ``__init__`` built wins, rescaled by the
+    StepLR's progress (lr 0.01 decayed 4 times by batch 12 -> 0.03 decayed 4 times); AdamW's moments are kept."""
+    results, _ = runs
+    parent, child = results["resume_two"][0]["state"], results["pbt_child"]
+    assert parent["lr"] == pytest.approx(0.01 * 0.7**4)
+    for rank in child:
+        assert rank["loaded"]["lr"] == pytest.approx(0.03 * 0.7**4)
+        assert {k: v for k, v in rank["loaded"].items() if k != "lr"} == {k: v for k, v in parent.items() if k != "lr"}
 
 
 def test_wrap_model_refuses_what_cannot_work(runs: tuple[Results, dict[str, Path]]) -> None:

@@ -71,6 +71,27 @@ def test_grid_spreads_over_both_nodes_with_the_local_results(cluster: LocalRayCl
         final_states(on_ray, 1)[4]["w"]))
 
 
+
+def test_a_pbt_search_on_ray_starts_each_child_from_its_parents_checkpoint(cluster: LocalRayCluster,
+                                                                           tmp_path: Path) -> None:
+    config, ctx = _context(tmp_path, {"lr": {"type": "double", "minval": 0.05, "maxval": 0.9}},
+                           searcher={"name": "pbt", "metric": "loss", "population_size": 2, "num_rounds": 2,
+                                     "length_per_round": 2, "replace_function": {"truncate_fraction": 0.5},
+                                     "explore_function": {"resample_probability": 0.0, "perturb_factor": 0.2}})
+    run_dir = tmp_path / "runs"
+    assert create(run_dir, config, ctx, "--ray", cluster.address, "--max-parallel", "2") == 0
+    store = LocalStore(run_dir)
+    trials = store.trials(1)
+    assert store.experiment(1).state == "COMPLETED" and [t.search_round for t in trials] == [1, 1, 2]
+    child = trials[2]
+    round_end = [c.uuid for c in store.checkpoints(trial_id=child.parent_trial_id, include_deleted=True)
+                 if c.steps_completed == 2]
+    log = (run_dir / "experiments" / "1" / f"trial_{child.id}.log").read_text()
+    loaded = [line.split()[-1] for line in log.splitlines() if line.startswith("loaded checkpoint ")]
+    assert child.parent_checkpoint == round_end[-1] == loaded[0]  # named by uuid, read from the shared storage
+    assert child.metadata["node"] in cluster.node_ids() and final_states(store, 1)[child.id]["step"] == 4
+
+
 def _when(run_dir: Path, found: Callable[[LocalStore], Any], timeout: float = 300) -> Any:
     """Poll the run folder's store until ``found(store)`` gives something; that."""
     deadline = time.monotonic() + timeout

@@ -13,13 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 from helpers_paths import SUPPORT
 
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore
 
-__all__ = ["SCRIPT", "create", "final_states", "make_context", "start_runner"]
+__all__ = ["SCRIPT", "create", "final_states", "kill_runner", "make_context", "start_runner"]
 
 SCRIPT = SUPPORT / "trials_core_script.py"
 
@@ -74,3 +75,20 @@ def start_runner(run_dir: Path, config: Path, ctx: Path, out: Path,
             proc.wait(timeout=30)
         raise
     return proc
+
+
+def kill_runner(proc: subprocess.Popen[bytes]) -> None:
+    """kill -9 a runner started in a session of its own (it records nothing); its trials get SIGTERM and stop by
+    themselves, which this waits for. Nothing to do when it has already ended."""
+    if proc.poll() is not None:
+        return
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.kill()
+        proc.wait(timeout=60)
+        _, alive = psutil.wait_procs(children, timeout=60)
+        assert alive == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)

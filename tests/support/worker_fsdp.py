@@ -2,7 +2,8 @@
 + ``Trainer.fit`` of FSDPTrial, and writes ``<out>/<name>-rank<R>.json``.
 
 Usage: worker_fsdp.py PLAN_JSON. A scenario: {"name", "run_dir", "config" (kwargs of config()), "length",
-"stop_after" (rank 0 only), "latest_checkpoint", "storage" (a checkpoint_storage mapping)}. The rank layout comes from torchrun's variables.
+"stop_after" (rank 0 only), "latest_checkpoint" ("newest": the run folder's newest, whichever trial's), "storage"
+(a checkpoint_storage mapping)}. The rank layout comes from torchrun's variables.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from trials_fsdp import FSDPTrial, config, fit_kwargs, full_state
 
-from determined_trials import pytorch
+from determined_trials import core, pytorch
 from determined_trials.pytorch.parallel._fsdp import is_fsdp
 
 _fail_rank_state: list[int] = []  # [step]: at that checkpoint this rank cannot write its rank_state file
@@ -42,10 +43,13 @@ def run(scenario: dict[str, Any], rank: int) -> dict[str, Any]:
     conf = config(length=length, **scenario.get("config", {}))
     if scenario.get("storage"):
         conf["checkpoint_storage"] = scenario["storage"]
+    latest = scenario.get("latest_checkpoint")
+    if latest == "newest":  # another trial's checkpoint (a PBT child's start)
+        latest = core.LocalStore(scenario["run_dir"]).checkpoints()[-1].uuid
     with pytorch.init(exp_conf=conf, run_dir=scenario["run_dir"]) as context:
         trial = FSDPTrial(context, stop_after=scenario.get("stop_after") if rank == 0 else None)
         trainer = pytorch.Trainer(trial, context)
-        trainer.fit(latest_checkpoint=scenario.get("latest_checkpoint"), **fit_kwargs(length))
+        trainer.fit(latest_checkpoint=latest, **fit_kwargs(length))
         assert trainer.exit_reason is not None
         return {
             "rank": rank, "size": context.distributed.get_size(), "trial_id": context.get_trial_id(),

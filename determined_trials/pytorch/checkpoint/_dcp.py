@@ -30,10 +30,16 @@ from torch.distributed.checkpoint.state_dict import (
 
 from determined_trials.loop import HookRunner
 from determined_trials.pytorch.checkpoint._io import (
+    LOAD_DATA_FILE,
     capture_rng,
     read_state_file,
     restore_rng,
     write_load_data,
+)
+from determined_trials.pytorch.checkpoint._warm_start import (
+    hparams_changed,
+    optimizer_settings,
+    reapply_optimizer_settings,
 )
 from determined_trials.pytorch.parallel._ddp import plain_module
 from determined_trials.pytorch.parallel._fsdp import DCP_DIR, is_dcp_checkpoint
@@ -174,9 +180,11 @@ def start_sharded_save(path: Path, trial: PyTorchTrial, context: PyTorchTrialCon
 def load_sharded_state(path: Path, context: PyTorchTrialContext, hooks: HookRunner) -> None:
     """Restore models, optimizers, schedulers, scalers, callbacks and RNGs from a DCP checkpoint, on any
     number of processes (DCP reshards). RNGs and pending gradients come back only on the same number of
-    processes (each rank its own); other per-rank state comes from the same rank, else rank 0."""
+    processes (each rank its own); other per-rank state comes from the same rank, else rank 0. Written with
+    other hyperparameters (a PBT child's start), the optimizers keep the settings ``__init__`` built."""
     rank, world = _rank_world()
     container = _container(context.models)
+    built = optimizer_settings(context.optimizers)
     if not is_dcp_checkpoint(path):
         small = _load_plain_checkpoint(path, container, context)
         hooks.call("on_checkpoint_load_start", small)
@@ -188,6 +196,8 @@ def load_sharded_state(path: Path, context: PyTorchTrialContext, hooks: HookRunn
         set_state_dict(container, context.optimizers, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
     _load_list("LR scheduler", small["lr_schedulers_state_dict"], context.lr_schedulers, path)
+    if hparams_changed(path / LOAD_DATA_FILE, context.get_hparams()):  # e.g. a PBT child with explored hparams
+        reapply_optimizer_settings(context.optimizers, context.lr_schedulers, built)
     _load_list("scaler", small["scalers_state_dict"], context.scalers, path)
     hooks.load_state_dict(small.get("callbacks", {}))
     same_layout = small["world_size"] == world and small["rank"] == rank
