@@ -17,6 +17,7 @@ from determined_trials.config._hparams import (
     grid_points,
     sample_hparams,
 )
+from determined_trials.config._integrations import Integrations, MlflowIntegration, WandbIntegration
 from determined_trials.config._length import Length, LengthUnit
 from determined_trials.config._load import ConfigSource, load_config
 from determined_trials.config._schema import (
@@ -58,6 +59,9 @@ __all__ = [
     "LogHP",
     "Optimizations",
     "Profiling",
+    "Integrations",
+    "MlflowIntegration",
+    "WandbIntegration",
     "RandomSearcher",
     "Reproducibility",
     "Resources",

@@ -1,0 +1,70 @@
+"""Trackers from the experiment config: the checks made before any trial runs (package installed, MLflow server
+answering) and the chief rank's forwarder of one trial."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from determined_trials.config import ExperimentConfig, Integrations
+from determined_trials.core.store._local import LocalStore
+from determined_trials.core.trackers._forwarder import TrackerForwarder
+from determined_trials.core.trackers._sink import Sink, TrialFacts
+from determined_trials.errors import ConfigError
+
+__all__ = ["TrialFacts", "check_trackers", "mlflow_tracking_uri", "open_forwarder"]
+
+_CHECK_TIMEOUT_S = 10.0
+
+
+def mlflow_tracking_uri(integrations: Integrations, run_dir: str | os.PathLike[str]) -> str:
+    """The config's URI, else ``$MLFLOW_TRACKING_URI``, else a SQLite store in the run folder."""
+    assert integrations.mlflow is not None
+    uri = integrations.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    folder = Path(run_dir).absolute() / "mlruns"
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def check_trackers(config: ExperimentConfig, run_dir: str | os.PathLike[str]) -> None:
+    """A ``ConfigError`` when a configured tracker's package is missing or its MLflow server does not answer."""
+    integrations = config.integrations
+    for name, settings in (("mlflow", integrations.mlflow), ("wandb", integrations.wandb)):
+        if settings is not None and importlib.util.find_spec(name) is None:
+            raise ConfigError(f"integrations.{name} is set but the {name} package is not installed; install it with "
+                              f"`pip install determined-trials[{name}]` or remove integrations.{name}")
+    if integrations.mlflow is not None:
+        _check_mlflow_server(mlflow_tracking_uri(integrations, run_dir))
+
+
+def _check_mlflow_server(uri: str) -> None:
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=_CHECK_TIMEOUT_S) as reply:
+            if reply.status == 200:
+                return
+            problem = f"it answered HTTP {reply.status}"
+    except (OSError, urllib.error.URLError) as exc:
+        problem = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+    raise ConfigError(f"the MLflow tracking server at {uri} does not answer ({problem}); start it, or fix "
+                      "integrations.mlflow.tracking_uri (or $MLFLOW_TRACKING_URI)")
+
+
+def open_forwarder(store: LocalStore, facts: TrialFacts, integrations: Integrations) -> TrackerForwarder | None:
+    """The started forwarder of the trial's tracker runs, or ``None`` when the config names no tracker."""
+    sinks: list[Sink] = []
+    if integrations.mlflow is not None:
+        from determined_trials.core.trackers._mlflow import MlflowSink
+
+        sinks.append(MlflowSink(integrations.mlflow, facts, mlflow_tracking_uri(integrations, facts.run_dir)))
+    if integrations.wandb is not None:
+        from determined_trials.core.trackers._wandb import WandbSink
+
+        sinks.append(WandbSink(integrations.wandb, facts))
+    return TrackerForwarder(store, facts.trial_id, sinks).start() if sinks else None
