@@ -114,7 +114,8 @@ def _adoptable(context: Context, storage_id: str) -> TrialInfo | None:
         return None
     if owner_id is None or owner_id == mine.trial_id:
         return None
-    if store.metrics(mine.trial_id) or store.checkpoints(trial_id=mine.trial_id, include_deleted=True):
+    if store.metrics(mine.trial_id, include_superseded=True) or \
+            store.checkpoints(trial_id=mine.trial_id, include_deleted=True):
         return None
     owner = store.trial(owner_id)
     if store.experiment(owner.experiment_id).model_dir is not None:

@@ -102,7 +102,9 @@ class TrialOutcomes(RunnerState):
 
     def _reported_anything(self, trial_id: int) -> bool:
         """Whether the trial ever got as far as a metrics report or a checkpoint."""
-        return bool(self.store.metrics(trial_id) or self.store.checkpoints(trial_id=trial_id, include_deleted=True))
+        store = self.store
+        return bool(store.metrics(trial_id, include_superseded=True)
+                    or store.checkpoints(trial_id=trial_id, include_deleted=True))
 
     def _op_metric(self, trial_id: int, length: int) -> float | None:
         done = [op for op in self.store.searcher_ops(trial_id) if op.completed and op.length == length]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from determined_trials.core.store._local import LocalStore, NotFoundError
+from determined_trials.core.store._schema import SCHEMA_VERSION
 
 _CONFIG = {
     "name": "exp",
@@ -40,7 +41,7 @@ def test_open_creates_folder_schema_and_wal(tmp_path: Path) -> None:
     assert (run_dir / "store.sqlite").is_file()
     conn = sqlite3.connect(run_dir / "store.sqlite")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+    assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
     conn.close()
     LocalStore(run_dir)  # idempotent: a second open neither fails nor adds a version row
     conn = sqlite3.connect(run_dir / "store.sqlite")

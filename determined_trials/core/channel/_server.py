@@ -24,7 +24,7 @@ ALLOWED_METHODS = frozenset({
     "get_trial_metadata", "latest_checkpoint", "mark_checkpoint_deleted", "metrics", "pending_checkpoints",
     "record_searcher_op", "searcher_ops",
     "set_trial_early_exit", "set_trial_metadata", "set_trial_progress", "set_trial_state", "set_trial_status",
-    "set_tracker_forwarded", "set_tracker_run", "tracker_run", "trial",
+    "set_tracker_forwarded", "set_tracker_run", "supersede_metrics_after", "tracker_run", "trial",
 })
 LOG_METHOD = "trial_log"  # not a store method: lines of a trial's output for the runner's terminal and log
 _POLL_MS = 200

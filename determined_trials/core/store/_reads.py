@@ -26,6 +26,11 @@ _CHECKPOINT_SELECT = (
 )
 
 
+_CURRENT = "superseded_time IS NULL"
+"""The condition on ``metrics`` rows of a trial's one timeline (not replaced by a restart); every metrics read
+applies it, only ``metrics``/``metric_groups`` with ``include_superseded`` leave it out."""
+
+
 class StoreReads:
     """Read methods shared by :class:`LocalStore`; subclasses provide ``_read`` and ``db_path``."""
 
@@ -88,10 +93,13 @@ class StoreReads:
         return [_rec.searcher_op_from_row(r) for r in rows]
 
     # -- metrics ----------------------------------------------------------------------------------
-    def metrics(self, trial_id: int, group: str | None = None) -> list[MetricRecord]:
-        """The trial's metrics (one group or all), ordered by steps, then by report order."""
+    def metrics(self, trial_id: int, group: str | None = None, *,
+                include_superseded: bool = False) -> list[MetricRecord]:
+        """The trial's metrics (one group or all), ordered by steps, then by report order: its one timeline,
+        or with ``include_superseded`` also the reports of lost attempts that a restart replaced (for audit;
+        their ``superseded_time`` is set)."""
         self.trial(trial_id)
-        sql = "SELECT * FROM metrics WHERE trial_id = ?"
+        sql = "SELECT * FROM metrics WHERE trial_id = ?" + ("" if include_superseded else f" AND {_CURRENT}")
         params: list[Any] = [int(trial_id)]
         if group is not None:
             sql += " AND grp = ?"
@@ -99,11 +107,13 @@ class StoreReads:
         rows = self._read(sql + " ORDER BY steps_completed, id", params)
         return [_rec.metric_from_row(r) for r in rows]
 
-    def metric_groups(self, trial_id: int) -> list[str]:
-        """The metric groups the trial has reported, in order of first report."""
+    def metric_groups(self, trial_id: int, *, include_superseded: bool = False) -> list[str]:
+        """The metric groups the trial has reported, in order of first report (of its current reports, unless
+        ``include_superseded``)."""
         self.trial(trial_id)
+        current = "" if include_superseded else f" AND {_CURRENT}"
         rows = self._read(
-            "SELECT grp FROM metrics WHERE trial_id = ? GROUP BY grp ORDER BY MIN(id)", (int(trial_id),)
+            f"SELECT grp FROM metrics WHERE trial_id = ?{current} GROUP BY grp ORDER BY MIN(id)", (int(trial_id),)
         )
         return [r["grp"] for r in rows]
 
@@ -116,7 +126,7 @@ class StoreReads:
         self.experiment(experiment_id)
         rows = self._read(
             "SELECT m.metrics FROM metrics AS m JOIN trials AS t ON t.id = m.trial_id "
-            "WHERE t.experiment_id = ? AND m.grp = 'validation'",
+            f"WHERE t.experiment_id = ? AND m.grp = 'validation' AND m.{_CURRENT}",
             (int(experiment_id),),
         )
         values = [_rec.numeric(_rec.loads(r["metrics"]).get(metric)) for r in rows]
@@ -184,7 +194,8 @@ class StoreReads:
         ``trial_id``) with reports."""
         only = "" if trial_id is None else f" AND t.id = {int(trial_id)}"
         rows = self._read(
-            "SELECT t.id AS tid, (SELECT MAX(m.steps_completed) FROM metrics AS m WHERE m.trial_id = t.id) AS s "
+            "SELECT t.id AS tid, (SELECT MAX(m.steps_completed) FROM metrics AS m "
+            f"WHERE m.trial_id = t.id AND m.{_CURRENT}) AS s "
             f"FROM trials AS t WHERE t.experiment_id = ?{only}", (int(experiment_id),))
         return {r["tid"]: int(r["s"]) for r in rows if r["s"] is not None}
 
@@ -198,7 +209,7 @@ class StoreReads:
         report) so that no trial reads many more rows than that: an overview of very long series in one quick
         query, without parsing every report.
         """
-        inside = "m.grp = ? AND m.trial_id IN (SELECT id FROM trials WHERE experiment_id = ?)"
+        inside = f"m.grp = ? AND m.{_CURRENT} AND m.trial_id IN (SELECT id FROM trials WHERE experiment_id = ?)"
         base: list[Any] = [group, int(experiment_id)]
         stats = self._read(f"SELECT m.trial_id AS tid, COUNT(*) AS n, MIN(m.id) AS lo, MAX(m.id) AS hi "
                            f"FROM metrics AS m WHERE {inside} GROUP BY m.trial_id", base)
@@ -229,7 +240,8 @@ class StoreReads:
                       trial_id: int | None = None) -> dict[int, float]:
         """{trial id: its best validation value of ``metric``} for the experiment's trials (or just ``trial_id``);
         trials without a usable value are left out."""
-        where = "FROM metrics AS m JOIN trials AS t ON t.id = m.trial_id WHERE t.experiment_id = ? AND m.grp = ?"
+        where = ("FROM metrics AS m JOIN trials AS t ON t.id = m.trial_id "
+                 f"WHERE t.experiment_id = ? AND m.grp = ? AND m.{_CURRENT}")
         params: tuple[Any, ...] = (int(experiment_id), "validation")
         if trial_id is not None:
             where += " AND m.trial_id = ?"
@@ -249,7 +261,7 @@ class StoreReads:
     def metric_names(self, experiment_id: int, group: str) -> list[str]:
         """The metric names in each trial's latest report of ``group`` (sorted)."""
         rows = self._read(
-            "SELECT (SELECT m.metrics FROM metrics AS m WHERE m.trial_id = t.id AND m.grp = ? "
+            f"SELECT (SELECT m.metrics FROM metrics AS m WHERE m.trial_id = t.id AND m.grp = ? AND m.{_CURRENT} "
             "ORDER BY m.steps_completed DESC, m.id DESC LIMIT 1) AS metrics FROM trials AS t WHERE t.experiment_id = ?",
             (group, int(experiment_id)))
         names: set[str] = set()

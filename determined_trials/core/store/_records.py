@@ -68,7 +68,8 @@ class Trial:
 
 @dataclass(frozen=True)
 class MetricRecord:
-    """One metrics report: a group ("training", "validation", ...) at a step count."""
+    """One metrics report: a group ("training", "validation", ...) at a step count. ``superseded_time`` is
+    set on a report of a lost attempt that a restart from an earlier checkpoint replaced (None: current)."""
 
     id: int
     trial_id: int
@@ -77,6 +78,7 @@ class MetricRecord:
     metrics: dict[str, Any]
     batch_metrics: list[dict[str, Any]] | None
     reported_time: _dt.datetime
+    superseded_time: _dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,7 @@ def metric_from_row(row: sqlite3.Row) -> MetricRecord:
         metrics=loads(row["metrics"]),
         batch_metrics=loads(row["batch_metrics"]),
         reported_time=_must_time(row["reported_time"]),
+        superseded_time=to_datetime(row["superseded_time"]),
     )
 
 

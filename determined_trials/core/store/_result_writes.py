@@ -48,6 +48,20 @@ class ResultWrites(StoreConnection):
                     raise self._not_found("trial", trial_id) from None
                 raise
 
+    def supersede_metrics_after(self, trial_id: int, steps_completed: int | None) -> int:
+        """Mark the trial's current metrics reports after ``steps_completed`` superseded: the trial resumes
+        from its checkpoint at that step, so what a lost attempt reported later is reported again. ``None``
+        (the trial starts over, without a checkpoint) marks every report. The rows stay, for audit
+        (``metrics(..., include_superseded=True)``); returns how many were marked."""
+        after = -1 if steps_completed is None else _steps(steps_completed)
+        with self._transaction() as conn:
+            marked = conn.execute(
+                "UPDATE metrics SET superseded_time = ? WHERE trial_id = ? AND steps_completed > ? "
+                "AND superseded_time IS NULL", (now(), int(trial_id), after)).rowcount
+            if not marked and conn.execute("SELECT 1 FROM trials WHERE id = ?", (int(trial_id),)).fetchone() is None:
+                raise self._not_found("trial", trial_id)
+        return int(marked)
+
     # -- checkpoints ------------------------------------------------------------------------------
     def add_checkpoint(
         self,

@@ -8,12 +8,14 @@ from pathlib import Path
 
 __all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "connect", "ensure_schema"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 60.0
 
 # Columns added after a table was first released: (table, column, declaration). A file written by an older
 # version gets each missing one by ALTER TABLE when it is opened (new tables come from `_TABLES` itself).
-_ADDED_COLUMNS: list[tuple[str, str, str]] = []
+_ADDED_COLUMNS: list[tuple[str, str, str]] = [
+    ("metrics", "superseded_time", "REAL"),
+]
 
 # The state columns hold ``_states``' values; their defaults are the first states (tests/test_states.py checks).
 _TABLES = """
@@ -56,7 +58,8 @@ CREATE TABLE IF NOT EXISTS metrics (
     steps_completed INTEGER NOT NULL,
     metrics         TEXT NOT NULL,
     batch_metrics   TEXT,
-    reported_time   REAL NOT NULL
+    reported_time   REAL NOT NULL,
+    superseded_time REAL  -- when a restart from an earlier checkpoint replaced the report (NULL: current)
 );
 CREATE INDEX IF NOT EXISTS metrics_by_trial ON metrics(trial_id, steps_completed, id);
 CREATE INDEX IF NOT EXISTS metrics_by_group ON metrics(grp, trial_id);

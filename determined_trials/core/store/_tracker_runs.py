@@ -49,13 +49,15 @@ class TrackerRuns(StoreConnection):
 
     def final_metrics(self, trial_id: int, after_id: int, *, ended: bool, limit: int = 1000) -> list[MetricRecord]:
         """The trial's metric rows after row ``after_id`` that no restart can take back, in report order: those
-        a completed checkpoint covers (steps at most its steps) or, once the trial has ``ended``, all of them."""
+        a completed checkpoint covers (steps at most its steps) or, once the trial has ``ended``, all of them;
+        never a superseded one (a restart from an earlier checkpoint took it back)."""
         covered = "" if ended else (
             " AND steps_completed <= (SELECT COALESCE(MAX(steps_completed), -1) FROM checkpoints "
             "WHERE trial_id = ? AND state = ?)")
         params: tuple[Any, ...] = (int(trial_id), int(after_id))
         if not ended:
             params += (int(trial_id), CheckpointState.COMPLETED)
-        rows = self._read(f"SELECT * FROM metrics WHERE trial_id = ? AND id > ?{covered} ORDER BY id LIMIT ?",
+        rows = self._read(f"SELECT * FROM metrics WHERE trial_id = ? AND id > ? AND superseded_time IS NULL{covered} "
+                          "ORDER BY id LIMIT ?",
                           (*params, int(limit)))
         return [_rec.metric_from_row(r) for r in rows]
