@@ -35,11 +35,18 @@ def check_trackers(config: ExperimentConfig, run_dir: str | os.PathLike[str]) ->
     """A ``ConfigError`` when a configured tracker's package is missing or its MLflow server does not answer."""
     integrations = config.integrations
     for name, settings in (("mlflow", integrations.mlflow), ("wandb", integrations.wandb)):
-        if settings is not None and importlib.util.find_spec(name) is None:
+        if settings is not None and not _installed(name):
             raise ConfigError(f"integrations.{name} is set but the {name} package is not installed; install it with "
                               f"`pip install determined-trials[{name}]` or remove integrations.{name}")
     if integrations.mlflow is not None:
         _check_mlflow_server(mlflow_tracking_uri(integrations, run_dir))
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except ValueError:  # present in sys.modules as None: an import of it would fail
+        return False
 
 
 def _check_mlflow_server(uri: str) -> None:
