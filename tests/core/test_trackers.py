@@ -200,9 +200,12 @@ def test_an_experiment_keeps_one_run_through_a_kill_9_and_a_pause(server: str, t
     proc = start_runner(run_dir, config, ctx_dir, tmp_path / "create.out", env=env)
     try:
         store = LocalStore(run_dir)
-        (first,) = list(pids.iterdir())
-        os.kill(int(first.name), signal.SIGKILL)  # the trial process, mid-run, after its first checkpoint
         deadline = time.monotonic() + 120
+        while len(store.metrics(1, "training")) < 3:  # step 3 reported after the checkpoint at step 2
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "create.out").read_text()
+            time.sleep(0.02)
+        (first,) = list(pids.iterdir())
+        os.kill(int(first.name), signal.SIGKILL)  # the trial process, mid-run: what it reported after 2 is lost
         while len(list(pids.iterdir())) < 2 or len(store.metrics(1, "training")) < 8:
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "create.out").read_text()
             time.sleep(0.05)
