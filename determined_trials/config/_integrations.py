@@ -28,7 +28,8 @@ class MlflowIntegration(StrictModel):
 class WandbIntegration(StrictModel):
     """One Weights & Biases run per trial (grouped by experiment), continued by every resume of the trial."""
 
-    project: str | None = Field(default=None, min_length=1, description="the W&B project (default: the experiment's name)")
+    project: str | None = Field(
+        default=None, min_length=1, description="the W&B project (default: the experiment's name)")
     entity: str | None = Field(default=None, min_length=1, description="the W&B team or user (default: yours)")
     mode: Literal["online", "offline", "disabled"] = Field(default="online", description="W&B's own mode")
     dir: str | None = Field(default=None, min_length=1, description="W&B's local files (default: `<run dir>/wandb`)")

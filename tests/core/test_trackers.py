@@ -23,9 +23,9 @@ from helpers_trackers import Relay, free_port, mlflow_server, mlflow_steps, wand
 
 import determined_trials as det
 from determined_trials.cli.main import main
+from determined_trials.config import load_config
 from determined_trials.core import LocalStore
 from determined_trials.core.trackers import check_trackers
-from determined_trials.config import load_config
 from determined_trials.errors import ConfigError
 from determined_trials.testing import run_ranks
 

@@ -40,8 +40,8 @@ def mlflow_server(folder: Path, *, deadline_s: float = 180.0) -> Iterator[str]:
     cmd = [str(script), "server", "--backend-store-uri", f"sqlite:///{folder / 'server.db'}",
            "--default-artifact-root", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
            "--workers", "1"]
-    log = open(folder / "server.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(folder / "server.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     try:
         end = time.monotonic() + deadline_s
@@ -64,7 +64,6 @@ def mlflow_server(folder: Path, *, deadline_s: float = 180.0) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-        log.close()
 
 
 class Relay:

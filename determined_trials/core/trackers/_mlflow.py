@@ -35,13 +35,11 @@ class MlflowSink:
         self._settings = settings
         self._facts = facts
         self._uri = tracking_uri
-        self._client_: Any = None
+        from mlflow.tracking import MlflowClient  # imported here, before training: not on the forwarder's thread
+
+        self._client_: Any = MlflowClient(tracking_uri=tracking_uri)  # no request is made until it is used
 
     def _client(self) -> Any:
-        if self._client_ is None:
-            from mlflow.tracking import MlflowClient
-
-            self._client_ = MlflowClient(tracking_uri=self._uri)
         return self._client_
 
     def create(self) -> str:

@@ -24,6 +24,7 @@ class WandbSink:
         self._settings = settings
         self._facts = facts
         self._run: Any = None
+        import wandb  # noqa: F401  (imported here, before training: not on the forwarder's thread)
 
     def create(self) -> str:
         return uuid.uuid4().hex[:16]  # W&B takes any id of lowercase letters and digits
