@@ -37,6 +37,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     metrics = _common.add_command(group, "metrics", _metrics, "print a trial's reported metrics")
     metrics.add_argument("trial_id", metavar="TRIAL_ID", type=int, help="trial id")
     metrics.add_argument("--group", metavar="G", help='only this group (e.g. "training", "validation")')
+    metrics.add_argument("--all-attempts", action="store_true",
+                         help="also the reports of lost attempts that a restart from an earlier checkpoint "
+                              "superseded (column SUPERSEDED: when)")
     _common.add_output_options(metrics)
 
 
@@ -77,10 +80,14 @@ def _metric_keys(records: Sequence[MetricRecord]) -> list[str]:
 
 def _metrics(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
-    records = store.metrics(args.trial_id, args.group)
+    records = store.metrics(args.trial_id, args.group, include_superseded=args.all_attempts)
     keys = _metric_keys(records)
     columns = [Column("steps_completed", "STEPS"), Column("group", "GROUP")]
     columns += [Column(k, k) for k in keys]
     rows = [[r.steps_completed, r.group, *(r.metrics.get(k) for k in keys)] for r in records]
+    if args.all_attempts:
+        columns.append(Column("superseded_time", "SUPERSEDED"))
+        for row, record in zip(rows, records):
+            row.append(record.superseded_time)
     emit(sys.stdout, _common.output_format(args), columns, rows, records)
     return 0

@@ -22,7 +22,7 @@ from determined_trials.core._checkpoint import CheckpointContext
 from determined_trials.core._distributed import DistributedContext
 from determined_trials.core._preempt import PreemptContext, PreemptMode
 from determined_trials.core._profiler import ProfilerContext
-from determined_trials.core._resume import continue_bare_run
+from determined_trials.core._resume import continue_bare_run, resume_timeline
 from determined_trials.core._searcher import (
     SearcherContext,
     SingleOperationSource,
@@ -241,6 +241,8 @@ def init(
     if info is None:
         context._rebuild = lambda t: {**parts(t), "info": ClusterInfo(trial=t, run_dir=str(run_path))}
         continue_bare_run(context, latest_checkpoint)
+    else:  # a launched trial (again, after a failure, pause or preemption): from its checkpoint, or from scratch
+        resume_timeline(context, info.trial.steps_completed if info.latest_checkpoint else None)
     return context
 
 

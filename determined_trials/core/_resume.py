@@ -1,8 +1,10 @@
-"""Resuming a plain script: which checkpoint "latest" means, and continuing the trial it belongs to.
+"""Resuming: which checkpoint "latest" means, continuing the trial it belongs to, and the trial's one timeline.
 
 A plain script registers a fresh one-trial experiment in ``core.init()``; when it then resumes from
 a checkpoint of an earlier run, that empty registration is dropped and the earlier trial goes on
-(its metrics history, best-so-far and searcher progress stay one trial's).
+(its metrics history, best-so-far and searcher progress stay one trial's). Whenever a trial's process
+starts from a checkpoint (or, launched again, from scratch), what lost attempts reported after it is
+superseded (``resume_timeline``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from determined_trials.core.store._records import NotFoundError
 if TYPE_CHECKING:
     from determined_trials._info import ClusterInfo
     from determined_trials.core._distributed import DistributedContext
+    from determined_trials.core._train import TrainContext
     from determined_trials.core.store._local import LocalStore
 
 
@@ -29,10 +32,11 @@ class Context(Protocol):
     distributed: DistributedContext
     store: LocalStore
     info: ClusterInfo
+    train: TrainContext
 
     def _retarget(self, trial: TrialInfo) -> None: ...
 
-__all__ = ["LATEST", "continue_bare_run", "resolve_latest", "resume_bare_trial"]
+__all__ = ["LATEST", "continue_bare_run", "resolve_latest", "resume_bare_trial", "resume_timeline"]
 
 logger = logging.getLogger("determined_trials.core")
 
@@ -71,8 +75,20 @@ def continue_bare_run(context: Context, wanted: str | None) -> str | None:
         return None
     resume_bare_trial(context, uuid)
     context.info = dataclasses.replace(context.info, latest_checkpoint=uuid)
-    _say(context, f"resuming trial {context.info.trial.trial_id} from checkpoint {uuid}{_after_batch(context, uuid)}")
+    steps = _steps_of(context, uuid) if dist.get_rank() == 0 else None
+    if steps is not None:
+        resume_timeline(context, steps)
+    after = "" if steps is None else f" (after batch {steps})"
+    _say(context, f"resuming trial {context.info.trial.trial_id} from checkpoint {uuid}{after}")
     return uuid
+
+
+def resume_timeline(context: Context, steps_completed: int | None) -> None:
+    """The trial goes on from its checkpoint at ``steps_completed`` (None: it starts over, without one),
+    in this process: the reports of lost attempts after that step are marked superseded in the store and
+    dropped by TensorBoard, so that every read shows each step once. The chief does it (others return)."""
+    if context.distributed.get_rank() == 0:
+        context.train._resume_after(steps_completed)
 
 
 def _say(context: Context, line: str) -> None:
@@ -80,11 +96,13 @@ def _say(context: Context, line: str) -> None:
         print(f"det-trials: {line}", file=sys.stderr, flush=True)
 
 
-def _after_batch(context: Context, storage_id: str) -> str:
+def _steps_of(context: Context, storage_id: str) -> int | None:
+    """The batches trained at checkpoint ``storage_id``; None when this run folder does not hold it (the
+    script resumes another folder's checkpoint as this run's own new trial: nothing to supersede)."""
     try:
-        return f" (after batch {context.store.checkpoint(storage_id).steps_completed})"
+        return context.store.checkpoint(storage_id).steps_completed
     except NotFoundError:
-        return ""
+        return None
 
 
 def resume_bare_trial(context: Context, storage_id: str) -> None:

@@ -1,7 +1,9 @@
 """TensorBoard scalars for reported metrics, written with tensorboard's own record writer.
 
 Only ``tensorboard``'s protobufs and record writer are used (never TensorFlow), so the Core API
-stays framework-free.
+stays framework-free. A trial that resumes from a checkpoint keeps one timeline in TensorBoard too,
+by TensorBoard's own restart marker: a ``SessionLog.START`` event at step s makes TensorBoard drop the
+run's earlier events at steps >= s (what ``SummaryWriter(purge_step=s)`` writes).
 """
 
 from __future__ import annotations
@@ -42,7 +44,21 @@ class ScalarWriter:
         self._writer: Any = None
         self._flushed_at = -math.inf
         self._held: list[tuple[float, int, list[tuple[str, float]]]] = []
+        self._start_step = 0  # the step of the event file's session start (restart_at sets it)
         _import_tensorboard()  # once, at start-up: ~0.2 s that must not land in the first report
+
+    def restart_at(self, step: int) -> None:
+        """The trial resumes at ``step`` (after its checkpoint at ``step - 1``; 0: from scratch): mark a
+        restart now, so that TensorBoard drops the events lost attempts wrote at ``step`` and later.
+
+        TensorBoard takes a run's first START as the session's start, not a restart: a new event file
+        opens with its own START, then the restart's (an event file written before these markers, or by
+        another writer, has none)."""
+        self.flush()
+        self._start_step = step
+        writer = self._record_writer()  # opened now: a new file starts with its START at ``step``
+        _write_start(writer, step)
+        writer.flush()
 
     def add_scalars(self, step: int, scalars: list[tuple[str, float]], *, flush: bool = False) -> None:
         """Add one event holding every (tag, value) at ``step``. Events are written and flushed
@@ -86,4 +102,14 @@ class ScalarWriter:
             self._writer = RecordWriter(open(self._logdir / name, "wb"))  # noqa: SIM115 - closed by close()
             header = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
             self._writer.write(header.SerializeToString())
+            _write_start(self._writer, self._start_step)
         return self._writer
+
+
+def _write_start(writer: Any, step: int) -> None:
+    """TensorBoard's session start at ``step``: after a run's first, it drops the run's events at ``step``
+    and later (a restart)."""
+    from tensorboard.compat.proto import event_pb2
+
+    start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+    writer.write(event_pb2.Event(wall_time=time.time(), step=step, session_log=start).SerializeToString())

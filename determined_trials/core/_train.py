@@ -161,6 +161,19 @@ class TrainContext:
             self._experiment_id, self._searcher_metric, self._smaller_is_better
         )
 
+    def _resume_after(self, steps_completed: int | None) -> None:
+        """Chief: this attempt goes on from the trial's checkpoint at ``steps_completed`` (None: from the
+        start, without one). What lost attempts reported after it is superseded in the store and dropped by
+        TensorBoard, so that the trial shows one timeline."""
+        self._reports.flush()
+        marked = self._store.supersede_metrics_after(self._trial_id, steps_completed)
+        if marked:
+            where = "the start" if steps_completed is None else f"step {steps_completed}"
+            logger.info("trial %d resumes from %s: %d metrics reports of a lost attempt after it are superseded",
+                        self._trial_id, where, marked)
+        if self._tb_writer is not None:
+            self._tb_writer.restart_at(0 if steps_completed is None else steps_completed + 1)
+
     def flush_reports(self) -> None:
         """Store the reports still held back (see ``report_training_metrics``)."""
         self._reports.flush()

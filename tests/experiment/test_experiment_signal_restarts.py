@@ -131,7 +131,7 @@ class _Store:
     def set_trial_state(self, trial_id: int, state: RunState, reason: str | None = None) -> None:
         self.state, self.reason = state, reason or ""
 
-    def metrics(self, trial_id: int) -> list[Any]:
+    def metrics(self, trial_id: int, include_superseded: bool = False) -> list[Any]:
         return []
 
     def checkpoints(self, trial_id: int, include_deleted: bool) -> list[Any]:
