@@ -205,7 +205,11 @@ def test_an_experiment_keeps_one_run_through_a_kill_9_and_a_pause(server: str, t
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "create.out").read_text()
             time.sleep(0.02)
         (first,) = list(pids.iterdir())
-        os.kill(int(first.name), signal.SIGKILL)  # the trial process, mid-run: what it reported after 2 is lost
+        os.kill(int(first.name), signal.SIGSTOP)  # frozen, then killed: what it stored after its checkpoint is lost
+        latest = store.latest_checkpoint(1)
+        assert latest is not None
+        lost = [m for m in store.metrics(1, "training") if m.steps_completed > latest.steps_completed]
+        os.kill(int(first.name), signal.SIGKILL)
         while len(list(pids.iterdir())) < 2 or len(store.metrics(1, "training")) < 8:
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "create.out").read_text()
             time.sleep(0.05)
@@ -222,6 +226,7 @@ def test_an_experiment_keeps_one_run_through_a_kill_9_and_a_pause(server: str, t
     assert _run(server, run_id).info.status == "FINISHED"
     rows = [(m.steps_completed, float(m.metrics["w"])) for m in store.metrics(1, "training")]
     assert [s for s, _ in rows] == list(range(1, 15))
+    assert len(store.metrics(1, "training", include_superseded=True)) == 14 + len(lost)  # kept for audit only
     assert mlflow_steps(server, run_id, "training/w") == rows
 
 

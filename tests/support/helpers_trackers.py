@@ -60,7 +60,7 @@ def mlflow_server(folder: Path, *, deadline_s: float = 180.0) -> Iterator[str]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
