@@ -113,11 +113,8 @@ class Context:
             return None
         config, run_path = self._tracking
         trial = self.info.trial
-        facts = TrialFacts(
-            trial_id=trial.trial_id, experiment_id=trial.experiment_id,
-            experiment_name=self.store.experiment(trial.experiment_id).name, hparams=trial.hparams,
-            seed=trial.trial_seed, searcher_metric=config.searcher.metric, run_dir=str(run_path),
-        )
+        facts = TrialFacts(trial=trial, experiment_name=self.store.experiment(trial.experiment_id).name,
+                           searcher_metric=config.searcher.metric, run_dir=str(run_path))
         return open_forwarder(self.store, facts, config.integrations)
 
     def __exit__(

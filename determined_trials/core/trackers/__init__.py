@@ -3,7 +3,7 @@ the trial, fed from the store by a background forwarder on the chief rank (``_fo
 restart can take back; the runs' clients (``_mlflow``, ``_wandb``: imported lazily, only when configured) and the
 checks made before any trial runs (``_setup``).
 
-May import: errors, config, core.store
+May import: errors, _info, config, core.store
 """
 
 from determined_trials.core.trackers._forwarder import Outcome, TrackerForwarder

@@ -9,7 +9,7 @@ from typing import Any
 
 from determined_trials.config import MlflowIntegration
 from determined_trials.core.store._records import CheckpointRecord, MetricRecord
-from determined_trials.core.trackers._sink import Outcome, TrialFacts, flat_params, step_values
+from determined_trials.core.trackers._sink import Outcome, TrialFacts, step_values
 
 __all__ = ["MlflowSink", "run_url"]
 
@@ -57,7 +57,7 @@ class MlflowSink:
                     raise
                 experiment_id = found.experiment_id
         facts = self._facts
-        tags = {"det.experiment_id": str(facts.experiment_id), "det.trial_id": str(facts.trial_id),
+        tags = {"det.experiment_id": str(facts.trial.experiment_id), "det.trial_id": str(facts.trial.trial_id),
                 "det.searcher_metric": facts.searcher_metric or ""}
         run = client.create_run(experiment_id, run_name=facts.run_name, tags=tags)
         return str(run.info.run_id)
@@ -69,7 +69,7 @@ class MlflowSink:
         run = client.get_run(run_id)
         if run.info.status != "RUNNING":
             client.update_run(run_id, status="RUNNING")
-        params = [Param(k, v) for k, v in flat_params(self._facts.hparams, self._facts.seed).items()
+        params = [Param(k, v) for k, v in self._facts.params.items()
                   if run.data.params.get(k) is None]
         for start in range(0, len(params), _PARAMS_PER_BATCH):
             client.log_batch(run_id, params=params[start:start + _PARAMS_PER_BATCH])

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from determined_trials.config import ExperimentConfig, Integrations
@@ -52,6 +50,9 @@ def _installed(package: str) -> bool:
 def _check_mlflow_server(uri: str) -> None:
     if not uri.startswith(("http://", "https://")):
         return
+    import urllib.error  # only with a server to ask: not on every import of the Core API
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=_CHECK_TIMEOUT_S) as reply:
             if reply.status == 200:
@@ -74,4 +75,4 @@ def open_forwarder(store: LocalStore, facts: TrialFacts, integrations: Integrati
         from determined_trials.core.trackers._wandb import WandbSink
 
         sinks.append(WandbSink(integrations.wandb, facts))
-    return TrackerForwarder(store, facts.trial_id, sinks).start() if sinks else None
+    return TrackerForwarder(store, facts.trial.trial_id, sinks).start() if sinks else None

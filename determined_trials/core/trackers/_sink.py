@@ -7,6 +7,7 @@ import enum
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from determined_trials._info import TrialInfo
 from determined_trials.core.store._records import CheckpointRecord, MetricRecord
 
 __all__ = ["Outcome", "Sink", "TrialFacts", "flat_params", "step_values"]
@@ -14,19 +15,21 @@ __all__ = ["Outcome", "Sink", "TrialFacts", "flat_params", "step_values"]
 
 @dataclasses.dataclass(frozen=True)
 class TrialFacts:
-    """What a tracker run records of its trial."""
+    """What a tracker run records of its trial: the trial, its experiment's name and searcher metric, the run folder."""
 
-    trial_id: int
-    experiment_id: int
+    trial: TrialInfo
     experiment_name: str
-    hparams: dict[str, Any]
-    seed: int
     searcher_metric: str | None
     run_dir: str
 
     @property
     def run_name(self) -> str:
-        return f"{self.experiment_name} trial {self.trial_id}"
+        return f"{self.experiment_name} trial {self.trial.trial_id}"
+
+    @property
+    def params(self) -> dict[str, str]:
+        """The run's params: hyperparameters flattened with dots, and the seed."""
+        return flat_params(self.trial.hparams, self.trial.trial_seed)
 
 
 class Outcome(enum.Enum):

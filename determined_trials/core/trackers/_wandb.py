@@ -10,7 +10,7 @@ from typing import Any
 
 from determined_trials.config import WandbIntegration
 from determined_trials.core.store._records import CheckpointRecord, MetricRecord
-from determined_trials.core.trackers._sink import Outcome, TrialFacts, flat_params, step_values
+from determined_trials.core.trackers._sink import Outcome, TrialFacts, step_values
 
 __all__ = ["WandbSink"]
 
@@ -35,8 +35,8 @@ class WandbSink:
         folder = Path(self._settings.dir or Path(self._facts.run_dir) / "wandb")
         folder.mkdir(parents=True, exist_ok=True)
         facts = self._facts
-        config: dict[str, Any] = dict(flat_params(facts.hparams, facts.seed))
-        config.update({"det.experiment_id": facts.experiment_id, "det.trial_id": facts.trial_id,
+        config: dict[str, Any] = dict(facts.params)
+        config.update({"det.experiment_id": facts.trial.experiment_id, "det.trial_id": facts.trial.trial_id,
                        "det.searcher_metric": facts.searcher_metric})
         self._run = wandb.init(
             id=run_id, resume="allow", project=self._settings.project or facts.experiment_name,
