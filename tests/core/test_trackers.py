@@ -133,6 +133,29 @@ def test_a_resumed_trial_continues_the_same_runs_with_no_step_twice(server: str,
     assert [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"] == [1, 0]
 
 
+@pytest.mark.usefixtures("cpu_device")
+def test_trainer_fit_logs_to_the_default_local_store(tmp_path: Path) -> None:
+    """``pytorch.init(exp_conf=...)`` + ``Trainer.fit`` with ``mlflow: {}``: MLflow's SQLite store in the run folder."""
+    from trials_pytorch import LinearTrial
+    from trials_pytorch import config as trial_config
+
+    from determined_trials import pytorch
+
+    conf = trial_config(name="fit", integrations={"mlflow": {}})
+    with pytorch.init(exp_conf=conf, run_dir=tmp_path) as context:
+        pytorch.Trainer(LinearTrial(context), context).fit(
+            max_length=pytorch.Batch(8), reporting_period=pytorch.Batch(2), validation_period=pytorch.Batch(4),
+            show_progress=False)
+    store = LocalStore(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    run_id = store.tracker_run(1, "mlflow")["run_id"]
+    assert _run(uri, run_id).info.status == "FINISHED"
+    for group, key in (("training", "loss"), ("validation", "validation_loss")):
+        rows = [(m.steps_completed, float(m.metrics[key])) for m in store.metrics(1, group)]
+        assert len(rows) == (4 if group == "training" else 2)
+        assert mlflow_steps(uri, run_id, f"{group}/{key}") == rows
+
+
 def test_a_server_away_mid_run_neither_stalls_training_nor_loses_rows(
         server: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     relay = Relay(server)

@@ -42,7 +42,7 @@ class _Run:
 
 
 class TrackerForwarder:
-    """Forwards trial ``trial_id``'s final rows to each sink; ``start`` it, ``wake`` it after a checkpoint,
+    """Forwards trial ``trial_id``'s final rows to each sink (looking every ``poll_s``); ``start`` it, then
     ``finish`` it with the trial's outcome (a last pass, then each run's status)."""
 
     def __init__(self, store: LocalStore, trial_id: int, sinks: Sequence[Sink], *, poll_s: float = _POLL_S) -> None:
@@ -59,10 +59,6 @@ class TrackerForwarder:
         self._thread.start()
         return self
 
-    def wake(self) -> None:
-        """Look for final rows now (a checkpoint was just recorded)."""
-        self._wake.set()
-
     def finish(self, outcome: Outcome, timeout_s: float | None = None) -> None:
         """Send what is final after ``outcome``, end each run with its status; wait at most ``timeout_s``."""
         if timeout_s is None:
@@ -75,13 +71,6 @@ class TrackerForwarder:
             logger.warning("trackers: trial %d's last metrics did not reach %s in %.0f s; they stay in the store "
                            "and the trial's next attempt sends them", self._trial_id,
                            ", ".join(r.sink.name for r in self._runs if not r.closed), timeout_s)
-
-    def abandon(self) -> None:
-        """Stop without ending the runs (this process goes on with another trial)."""
-        self._deadline = 0.0
-        self._outcome = Outcome.PAUSED
-        self._wake.set()
-        self._thread.join(5.0)
 
     # -- the thread ---------------------------------------------------------------------------------------------
     def _loop(self) -> None:
