@@ -38,6 +38,8 @@ class MlflowSink:
         from mlflow.tracking import MlflowClient  # imported here, before training: not on the forwarder's thread
 
         self._client_: Any = MlflowClient(tracking_uri=tracking_uri)  # no request is made until it is used
+        self._run_id = ""
+        self._recorded: set[str] = set()  # uuids of the checkpoints the run has
 
     def _client(self) -> Any:
         return self._client_
@@ -74,6 +76,7 @@ class MlflowSink:
         for start in range(0, len(params), _PARAMS_PER_BATCH):
             client.log_batch(run_id, params=params[start:start + _PARAMS_PER_BATCH])
         self._run_id = run_id
+        self._recorded = {v for k, v in run.data.tags.items() if k.startswith(f"{_TAG_PREFIX}checkpoint.")}
         return run_url(self._uri, run.info.experiment_id, run_id)
 
     def log(self, rows: Sequence[MetricRecord]) -> None:
@@ -85,13 +88,16 @@ class MlflowSink:
             self._client().log_batch(self._run_id, metrics=metrics[start:start + _METRICS_PER_BATCH])
 
     def record_checkpoint(self, checkpoint: CheckpointRecord) -> None:
+        if checkpoint.uuid in self._recorded:  # an earlier attempt recorded it (and sent its files)
+            return
         client = self._client()
-        client.set_tag(self._run_id, f"{_TAG_PREFIX}checkpoint.{checkpoint.steps_completed}", checkpoint.uuid)
-        client.set_tag(self._run_id, f"{_TAG_PREFIX}latest_checkpoint", checkpoint.uuid)
-        if self._settings.log_checkpoints:
+        if self._settings.log_checkpoints:  # the files first: the tag says the run has the checkpoint
             folder = Path(checkpoint.storage.removeprefix(_LOCAL)) / checkpoint.uuid
             if checkpoint.storage.startswith(_LOCAL) and folder.is_dir():
                 client.log_artifacts(self._run_id, str(folder), artifact_path=f"checkpoints/{checkpoint.uuid}")
+        client.set_tag(self._run_id, f"{_TAG_PREFIX}checkpoint.{checkpoint.steps_completed}", checkpoint.uuid)
+        client.set_tag(self._run_id, f"{_TAG_PREFIX}latest_checkpoint", checkpoint.uuid)
+        self._recorded.add(checkpoint.uuid)
 
     def close(self, outcome: Outcome) -> None:
         self._client().set_terminated(self._run_id, status=outcome.mlflow_status)
