@@ -253,6 +253,27 @@ def test_an_experiment_keeps_one_run_through_a_kill_9_and_a_pause(server: str, t
     assert mlflow_steps(server, run_id, "training/w") == rows
 
 
+@pytest.mark.slow
+def test_a_trial_the_runner_gives_up_on_ends_failed_with_every_report(server: str, tmp_path: Path) -> None:
+    """No restart left: the runner sends what the trial reported after its last checkpoint (step 3), then FAILED."""
+    (tmp_path / "ctx").mkdir()
+    shutil.copy(SCRIPT, tmp_path / "ctx" / "trial.py")
+    path = tmp_path / "exp.yaml"
+    path.write_text(json.dumps({
+        "name": "gave-up", "entrypoint": "python3 trial.py", "max_restarts": 0,
+        "hyperparameters": {"lr": 0.3, "target": 1.0, "ckpt_every": 2, "crash_at": 4, "crash_dir": str(tmp_path)},
+        "searcher": {"name": "single", "metric": "loss", "max_length": 6},
+        "integrations": {"mlflow": {"tracking_uri": server}}}))
+    assert create(tmp_path / "runs", path, tmp_path / "ctx") != 0
+    store = LocalStore(tmp_path / "runs")
+    assert store.trial(1).state == "ERROR"
+    run_id = store.tracker_run(1, "mlflow")["run_id"]
+    rows = [(m.steps_completed, float(m.metrics["w"])) for m in store.metrics(1, "training")]
+    assert [s for s, _ in rows] == [1, 2, 3]
+    assert mlflow_steps(server, run_id, "training/w") == rows
+    assert _run(server, run_id).info.status == "FAILED"
+
+
 def test_errors_before_any_trial_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nobody = f"http://127.0.0.1:{free_port()}"
     config = _config("errors", {"mlflow": {"tracking_uri": nobody}})

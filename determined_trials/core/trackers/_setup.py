@@ -1,5 +1,5 @@
 """Trackers from the experiment config: the checks made before any trial runs (package installed, MLflow server
-answering) and the chief rank's forwarder of one trial."""
+answering), the chief rank's forwarder of one trial, and the runner's last word on a trial that ended for good."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import importlib.util
 import os
 from pathlib import Path
 
+from determined_trials._info import TrialInfo
 from determined_trials.config import ExperimentConfig, Integrations
 from determined_trials.core.store._local import LocalStore
 from determined_trials.core.trackers._forwarder import TrackerForwarder
-from determined_trials.core.trackers._sink import Sink, TrialFacts
+from determined_trials.core.trackers._sink import Outcome, Sink, TrialFacts
 from determined_trials.errors import ConfigError
 
-__all__ = ["TrialFacts", "check_trackers", "mlflow_tracking_uri", "open_forwarder"]
+__all__ = ["TrialFacts", "check_trackers", "mlflow_tracking_uri", "open_forwarder", "settle_trial_runs"]
 
 _CHECK_TIMEOUT_S = 10.0
 
@@ -64,8 +65,28 @@ def _check_mlflow_server(uri: str) -> None:
                       "integrations.mlflow.tracking_uri (or $MLFLOW_TRACKING_URI)")
 
 
-def open_forwarder(store: LocalStore, facts: TrialFacts, integrations: Integrations) -> TrackerForwarder | None:
-    """The started forwarder of the trial's tracker runs, or ``None`` when the config names no tracker."""
+def settle_trial_runs(store: LocalStore, config: ExperimentConfig, trial_id: int, outcome: Outcome, *,
+                      timeout_s: float = 15.0) -> None:
+    """The runner's last word on a trial that ended for good without its process saying so (restarts used up,
+    experiment killed): send the reports that are final now and set each existing run's status."""
+    if config.integrations.mlflow is None and config.integrations.wandb is None:
+        return
+    if not store.tracker_runs(trial_id):
+        return  # the trial never got as far as a tracker run
+    trial = store.trial(trial_id)
+    info = TrialInfo(trial_id=trial.id, experiment_id=trial.experiment_id, trial_seed=trial.seed,
+                     hparams=trial.hparams, config=config.as_dict())
+    facts = TrialFacts(trial=info, experiment_name=store.experiment(trial.experiment_id).name,
+                       searcher_metric=config.searcher.metric, run_dir=str(store.path))
+    forwarder = open_forwarder(store, facts, config.integrations, only_existing=True)
+    if forwarder is not None:
+        forwarder.finish(outcome, timeout_s)
+
+
+def open_forwarder(store: LocalStore, facts: TrialFacts, integrations: Integrations, *,
+                   only_existing: bool = False) -> TrackerForwarder | None:
+    """The started forwarder of the trial's tracker runs (``only_existing``: of the runs it has already), or
+    ``None`` when there is none to feed."""
     sinks: list[Sink] = []
     if integrations.mlflow is not None:
         from determined_trials.core.trackers._mlflow import MlflowSink
@@ -75,4 +96,6 @@ def open_forwarder(store: LocalStore, facts: TrialFacts, integrations: Integrati
         from determined_trials.core.trackers._wandb import WandbSink
 
         sinks.append(WandbSink(integrations.wandb, facts))
+    if only_existing:
+        sinks = [sink for sink in sinks if store.tracker_run(facts.trial.trial_id, sink.name) is not None]
     return TrackerForwarder(store, facts.trial.trial_id, sinks).start() if sinks else None

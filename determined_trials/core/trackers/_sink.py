@@ -39,6 +39,8 @@ class Outcome(enum.Enum):
     FAILED = (False, "FAILED", 1)
     PAUSED = (False, "SCHEDULED", 0)  # preempted or paused: the next attempt resumes the run (RUNNING again)
     KILLED = (False, "KILLED", 255)  # stopped by Ctrl-C or a kill; "latest" may still resume it
+    GAVE_UP = (True, "FAILED", 1)  # the runner restarts the failed trial no more: its last reports are final
+    CANCELED = (True, "KILLED", 255)  # the runner stopped the trial for good (the experiment was killed)
 
     @property
     def ended(self) -> bool:
