@@ -19,6 +19,7 @@ from determined_trials.config._hparams import (
     parse_space,
     sample_hparams,
 )
+from determined_trials.config._integrations import Integrations, MlflowIntegration, WandbIntegration
 from determined_trials.config._length import Length, LengthUnit
 from determined_trials.config._load import ConfigSource, load_config
 from determined_trials.config._schema import (
@@ -68,6 +69,9 @@ __all__ = [
     "OptunaSearcher",
     "Optimizations",
     "Profiling",
+    "Integrations",
+    "MlflowIntegration",
+    "WandbIntegration",
     "RandomSearcher",
     "Reproducibility",
     "Resources",

@@ -67,6 +67,7 @@ DETERMINED_KEYS: Mapping[str, frozenset[str]] = {
     }),
     "profiling": frozenset({"enabled", "begin_on_batch", "end_after_batch", "sync_timings"}),
     "reproducibility": frozenset({"experiment_seed"}),
+    "integrations": frozenset({"pachyderm"}),
 }
 """Section -> the keys Determined 0.38 accepts there (searchers and storages by name/type)."""
 

@@ -9,6 +9,7 @@ from pydantic import BeforeValidator, Field, model_validator
 from determined_trials.config._base import ConfigProblems, StrictModel, json_value
 from determined_trials.config._det_keys import ConfigWarning, drop_unused_keys, warn_ignored_settings
 from determined_trials.config._hparams import HParams, grid_count_problems
+from determined_trials.config._integrations import Integrations
 from determined_trials.config._length import Period
 from determined_trials.config._searcher import GridSearcher, OptunaSearcher, SearcherConfig, optuna_sampler_problems
 from determined_trials.config._storage import StorageConfig
@@ -144,6 +145,8 @@ class ExperimentConfig(StrictModel):
     max_restarts: int = Field(default=5, ge=0, description="how often a failed trial is restarted, e.g. `5`")
     reproducibility: Reproducibility = Reproducibility()
     profiling: Profiling = Profiling()
+    integrations: Integrations = Field(
+        default_factory=Integrations, description="experiment trackers, e.g. `integrations: {mlflow: {}}`")
     data: _FreeDict = Field(default_factory=dict, description="free-form settings for the trial")
     environment: _FreeDict = Field(default_factory=dict, description="free-form environment settings")
     debug: bool = False

@@ -39,6 +39,7 @@ from determined_trials.core.store._checkpoint_recovery import (
 )
 from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import claim_experiment
+from determined_trials.core.trackers import Outcome, TrackerForwarder, TrialFacts, check_trackers, open_forwarder
 from determined_trials.errors import InvalidHP, TrainingInterrupted
 
 __all__ = ["DEFAULT_RUN_DIR", "RUN_DIR_ENV", "Context", "init", "resolve_run_dir"]
@@ -90,6 +91,9 @@ class Context:
         self._closed = False
         self._rebuild: Callable[[TrialInfo], dict[str, Any]] | None = None
         self._config_written = True  # False when init() made up the config (no config, no launcher)
+        self._tracking: tuple[ExperimentConfig, Path] | None = None  # the config naming trackers, the run folder
+        self._trackers: TrackerForwarder | None = None
+        self._ending = Outcome.PAUSED  # until __exit__ says how the trial ended: only covered rows are final
 
     def _retarget(self, trial: TrialInfo) -> None:
         """Report to ``trial`` from now on (a plain script resuming an earlier run's trial)."""
@@ -100,12 +104,24 @@ class Context:
 
     def __enter__(self) -> Context:
         self.preempt.start()
+        self._trackers = self._start_trackers()
         return self
+
+    def _start_trackers(self) -> TrackerForwarder | None:
+        """The chief's forwarder of this trial's tracker runs (started once the trial is known for good)."""
+        if self._tracking is None or self.distributed.get_rank() != 0:
+            return None
+        config, run_path = self._tracking
+        trial = self.info.trial
+        facts = TrialFacts(trial=trial, experiment_name=self.store.experiment(trial.experiment_id).name,
+                           searcher_metric=config.searcher.metric, run_dir=str(run_path))
+        return open_forwarder(self.store, facts, config.integrations)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
         invalid_hp = isinstance(exc, InvalidHP)
+        self._ending = _outcome(exc, invalid_hp, self.preempt.acknowledged)
         try:
             if invalid_hp:
                 logger.info("trial ended early with InvalidHP: %s", exc)
@@ -122,6 +138,8 @@ class Context:
         self._closed = True
         self.profiler.off()
         self.train.close()
+        if self._trackers is not None:  # after the last reports reached the store
+            self._trackers.finish(self._ending)
         self.preempt.close()
         if self._owns_distributed:
             self.distributed.close()
@@ -142,6 +160,15 @@ class Context:
         self.store.set_trial_state(trial_id, state, reason)
         if get_cluster_info() is None:  # a bare script is its own one-trial experiment
             self.store.set_experiment_state(self.info.trial.experiment_id, state, reason)
+
+
+def _outcome(exc: BaseException | None, invalid_hp: bool, preempted: bool) -> Outcome:
+    """What a tracker run says of how the trial process ended."""
+    if isinstance(exc, TrainingInterrupted):
+        return Outcome.KILLED
+    if exc is not None and not invalid_hp:
+        return Outcome.FAILED
+    return Outcome.PAUSED if preempted else Outcome.COMPLETED
 
 
 def _mark_preempted_for_launcher() -> None:
@@ -180,6 +207,9 @@ def init(
     storage_spec = checkpoint_storage if checkpoint_storage is not None else exp_config.checkpoint_storage
     storage = storage_from_spec(storage_spec, default_dir=run_path / "checkpoints")
     storage.check()  # a missing bucket or refused credentials: an error now, before training
+    tracking = exp_config.integrations.mlflow is not None or exp_config.integrations.wandb is not None
+    if tracking and dist.get_rank() == 0:
+        check_trackers(exp_config, run_path)  # a missing package or an unanswering server: before any batch
     store = open_store(run_path)
     trial = info.trial if info is not None else _register_bare_trial(store, dist, exp_config)
     cluster_info = info or ClusterInfo(trial=trial, run_dir=str(run_path))
@@ -205,6 +235,7 @@ def init(
         info=cluster_info, store=store, owns_distributed=owns_distributed,
     )
     context._config_written = config is not None or info is not None
+    context._tracking = (exp_config, run_path) if tracking else None
     if info is None:
         context._rebuild = lambda t: {**parts(t), "info": ClusterInfo(trial=t, run_dir=str(run_path))}
         continue_bare_run(context, latest_checkpoint)

@@ -8,6 +8,7 @@ from typing import Any
 
 from determined_trials.core.store import RunState
 from determined_trials.core.store._checkpoint_recovery import recover_checkpoints
+from determined_trials.core.trackers import Outcome, settle_trial_runs
 from determined_trials.experiment._reported import metric_from_validations, missing_metric_reason
 from determined_trials.experiment._runner_state import RunnerState, RunningTrial, Work
 from determined_trials.launch import PREEMPTED_EXIT_CODE
@@ -28,6 +29,7 @@ class TrialOutcomes(RunnerState):
         trial = self.store.trial(_trial_id(running.work))
         if self._canceled:
             self.store.set_trial_state(trial.id, RunState.CANCELED, "experiment killed")
+            settle_trial_runs(self.store, self._config, trial.id, Outcome.CANCELED)
             self._collect([trial.id])
         elif code == 0 and trial.state != RunState.PAUSED:
             self._on_done(running)
@@ -101,6 +103,7 @@ class TrialOutcomes(RunnerState):
         self._end_failed(work)
 
     def _end_failed(self, work: Work) -> None:
+        settle_trial_runs(self.store, self._config, _trial_id(work), Outcome.GAVE_UP)  # its last reports are final
         self._searcher.on_trial_exited_early(work.request_id)
         self._collect([_trial_id(work)])
         for other in self._running.values():

@@ -21,6 +21,7 @@ from determined_trials.core.storage import StorageError, storage_from_spec
 from determined_trials.core.store import RunState
 from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import release_dead_owners
+from determined_trials.core.trackers import check_trackers
 from determined_trials.errors import ConfigError
 from determined_trials.experiment._errors import ExperimentError
 from determined_trials.experiment._preflight import PreflightError, check_command, check_entrypoint
@@ -146,6 +147,7 @@ def create_experiment(
         storage_from_spec(parsed.checkpoint_storage, default_dir=run_path / "checkpoints").check()
     except StorageError as exc:
         raise ExperimentError(str(exc)) from None
+    check_trackers(parsed, run_path)  # a missing package or an unanswering MLflow server, before any trial
     store = LocalStore(run_path)
     display = display or Display(progress=False)
     staging = _snapshot_to_staging(Path(context_dir), run_path, max_context_bytes, display)
@@ -191,6 +193,7 @@ def continue_experiment(
         raise ExperimentError(f"experiment {experiment_id} is {exp.state}, not PAUSED: "
                               f"{hint.get(exp.state, 'only a paused experiment can continue')}")
     parsed = load_config(exp.config)
+    check_trackers(parsed, store.path)
     searcher = (searcher_factory or _default_searcher)(parsed)
     if max_parallel is None:  # what the experiment ran with before its pause
         max_parallel = exp.searcher_state.get("max_parallel")

@@ -163,7 +163,8 @@ def trials(store: LocalStore, experiment_id: int) -> dict[str, Any]:
 
 
 def trial(store: LocalStore, trial_id: int) -> dict[str, Any]:
-    """One trial with its experiment's name, searcher and config, and the metric groups it reported."""
+    """One trial with its experiment's name, searcher and config, the metric groups it reported and its
+    tracker runs (MLflow, W&B: run id and link)."""
     t = store.trial(trial_id)
     exp = store.experiment(t.experiment_id)
     searcher = _searcher(exp)
@@ -171,7 +172,9 @@ def trial(store: LocalStore, trial_id: int) -> dict[str, Any]:
         if searcher["metric"] else None
     out = _trial_dict(t, store.trial_steps(exp.id, trial_id=t.id).get(t.id), best)
     out.update(experiment_name=exp.name, experiment_state=exp.state, searcher=searcher,
-               config=clean(exp.config), metric_groups=store.metric_groups(t.id))
+               config=clean(exp.config), metric_groups=store.metric_groups(t.id),
+               trackers={name: {"run_id": run["run_id"], "url": run["url"]}
+                         for name, run in store.tracker_runs(t.id).items()})
     return out
 
 

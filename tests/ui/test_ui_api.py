@@ -98,6 +98,13 @@ def test_one_trial_its_checkpoints_and_no_log(run_dir: Path) -> None:
     assert [(c["uuid"], c["steps_completed"], c["state"], c["size"]) for c in ckpts] == [
         ("ckpt-2-00000000", 50, "COMPLETED", 1546)]
     assert client.get("/api/v1/trials/2/logs").json() == {"trial_id": 2, "available": False, "lines": []}
+    assert trial["trackers"] == {}
+
+
+def test_a_trial_names_its_tracker_runs(run_dir: Path) -> None:
+    url = "http://127.0.0.1:5000/#/experiments/1/runs/abc"
+    LocalStore(run_dir).set_tracker_run(2, "mlflow", "abc", url)
+    assert _client(run_dir).get("/api/v1/trials/2").json()["trackers"] == {"mlflow": {"run_id": "abc", "url": url}}
 
 
 def test_log_tail_reads_the_runners_log(run_dir: Path) -> None:

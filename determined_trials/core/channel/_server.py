@@ -20,11 +20,11 @@ __all__ = ["ALLOWED_METHODS", "ChannelToken", "StoreChannelServer"]
 # What a trial process may call: the Core API's writes and the few reads trials make.
 ALLOWED_METHODS = frozenset({
     "add_checkpoint", "add_metrics", "add_metrics_reports", "best_validation", "checkpoints",
-    "drop_pending_checkpoint", "experiment",
+    "drop_pending_checkpoint", "experiment", "final_metrics",
     "get_trial_metadata", "latest_checkpoint", "mark_checkpoint_deleted", "metrics", "pending_checkpoints",
     "record_searcher_op", "searcher_ops",
     "set_trial_early_exit", "set_trial_metadata", "set_trial_progress", "set_trial_state", "set_trial_status",
-    "supersede_metrics_after", "trial",
+    "set_tracker_forwarded", "set_tracker_run", "supersede_metrics_after", "tracker_run", "trial",
 })
 LOG_METHOD = "trial_log"  # not a store method: lines of a trial's output for the runner's terminal and log
 _POLL_MS = 200

@@ -8,7 +8,7 @@ from pathlib import Path
 
 __all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "connect", "ensure_schema"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 60.0
 
 # Columns added after a table was first released: (table, column, declaration). A file written by an older
@@ -90,6 +90,14 @@ CREATE TABLE IF NOT EXISTS searcher_ops (
     reported_time REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS searcher_ops_by_trial ON searcher_ops(trial_id, id);
+CREATE TABLE IF NOT EXISTS tracker_runs (
+    trial_id     INTEGER NOT NULL REFERENCES trials(id),
+    tracker      TEXT NOT NULL,
+    run_id       TEXT NOT NULL,
+    url          TEXT,
+    forwarded_id INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (trial_id, tracker)
+);
 """
 
 

@@ -461,6 +461,11 @@
         ["Progress", progressBar(t.state === "COMPLETED" ? 1 : t.progress, "trial-progress")],
         ["Best " + (t.searcher.metric || "metric"), fmtNum(t.best_metric)], ["Restarts", String(t.restarts)], ["Seed", String(t.seed)],
         ["Reason", t.reason ? el("span", { class: "wrap", id: "trial-reason" }, t.reason) : ""], ["Started", fmtTime(t.start_time)], ["Ended", fmtTime(t.end_time)]];
+      for (const [name, run] of Object.entries(t.trackers || {})) {
+        const label = (name === "mlflow" ? "MLflow" : name === "wandb" ? "W&B" : name) + " run";
+        const linked = run.url && /^https?:\/\//.test(run.url);
+        rows.push([label, linked ? el("a", { href: run.url, target: "_blank", rel: "noopener noreferrer", class: "tracker-link" }, run.run_id) : run.run_id]);
+      }
       for (const [k, v] of Object.entries(flatten(t.hparams, "", {}))) rows.push(["hp " + k, fmtNum(v)]);
       info.replaceChildren(...rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", { "data-field": k }, v))));
       ckpts.replaceChildren(...c.checkpoints.map((k) => el("tr", { "data-uuid": k.uuid },

@@ -1,0 +1,63 @@
+"""The store's record of each trial's run in an experiment tracker (MLflow, W&B): the run id every attempt of
+the trial resumes into, its link, how far the trial's metric rows have been forwarded, and which rows are final."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from determined_trials.core.store import _records as _rec
+from determined_trials.core.store._connection import StoreConnection
+from determined_trials.core.store._records import MetricRecord
+from determined_trials.core.store._states import CheckpointState
+
+__all__ = ["TrackerRuns"]
+
+
+class TrackerRuns(StoreConnection):
+    """Tracker runs of trials (one per trial and tracker) and the metric rows ready to forward to them."""
+
+    def tracker_run(self, trial_id: int, tracker: str) -> dict[str, Any] | None:
+        """``{"run_id", "url", "forwarded_id"}`` of the trial's run in ``tracker``, or ``None`` before one exists."""
+        rows = self._read("SELECT run_id, url, forwarded_id FROM tracker_runs WHERE trial_id = ? AND tracker = ?",
+                          (int(trial_id), str(tracker)))
+        return None if not rows else {"run_id": rows[0]["run_id"], "url": rows[0]["url"],
+                                      "forwarded_id": int(rows[0]["forwarded_id"])}
+
+    def tracker_runs(self, trial_id: int) -> dict[str, dict[str, Any]]:
+        """Every tracker's run of the trial: tracker name -> ``{"run_id", "url", "forwarded_id"}``."""
+        rows = self._read("SELECT tracker, run_id, url, forwarded_id FROM tracker_runs WHERE trial_id = ? "
+                          "ORDER BY tracker", (int(trial_id),))
+        return {r["tracker"]: {"run_id": r["run_id"], "url": r["url"], "forwarded_id": int(r["forwarded_id"])}
+                for r in rows}
+
+    def set_tracker_run(self, trial_id: int, tracker: str, run_id: str, url: str | None = None) -> None:
+        """Record the trial's run in ``tracker`` (its forwarding watermark is kept when the run is known)."""
+        self._insert(
+            ("trial", trial_id),
+            "INSERT INTO tracker_runs (trial_id, tracker, run_id, url) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (trial_id, tracker) DO UPDATE SET run_id = excluded.run_id, url = excluded.url",
+            (int(trial_id), str(tracker), str(run_id), url),
+        )
+
+    def set_tracker_forwarded(self, trial_id: int, tracker: str, metric_id: int) -> None:
+        """Every final metric row of the trial up to ``metric_id`` has reached ``tracker``'s run."""
+        self._update(
+            "tracker run", (trial_id, tracker),
+            "UPDATE tracker_runs SET forwarded_id = MAX(forwarded_id, ?) WHERE trial_id = ? AND tracker = ?",
+            (int(metric_id), int(trial_id), str(tracker)),
+        )
+
+    def final_metrics(self, trial_id: int, after_id: int, *, ended: bool, limit: int = 1000) -> list[MetricRecord]:
+        """The trial's metric rows after row ``after_id`` that no restart can take back, in report order: those
+        a completed checkpoint covers (steps at most its steps) or, once the trial has ``ended``, all of them;
+        never a superseded one (a restart from an earlier checkpoint took it back)."""
+        covered = "" if ended else (
+            " AND steps_completed <= (SELECT COALESCE(MAX(steps_completed), -1) FROM checkpoints "
+            "WHERE trial_id = ? AND state = ?)")
+        params: tuple[Any, ...] = (int(trial_id), int(after_id))
+        if not ended:
+            params += (int(trial_id), CheckpointState.COMPLETED)
+        rows = self._read(f"SELECT * FROM metrics WHERE trial_id = ? AND id > ? AND superseded_time IS NULL{covered} "
+                          "ORDER BY id LIMIT ?",
+                          (*params, int(limit)))
+        return [_rec.metric_from_row(r) for r in rows]

@@ -1,0 +1,149 @@
+"""``TrackerForwarder``: a daemon thread on the chief rank that sends a trial's final metric rows and checkpoints
+from the store to its tracker runs, records how far each run has got, and retries while a tracker is away.
+
+Nothing here runs on the training thread: the loop only writes to the store, as without trackers. A row is sent
+once it is final (a completed checkpoint covers it, or the trial has ended), so a restart that takes back rows
+after its checkpoint never leaves a step twice in a tracker that cannot delete points.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+
+from determined_trials.core.store._local import LocalStore
+from determined_trials.core.trackers._sink import Outcome, Sink
+
+__all__ = ["FINISH_TIMEOUT_ENV", "Outcome", "TrackerForwarder"]
+
+logger = logging.getLogger("determined_trials.trackers")
+
+FINISH_TIMEOUT_ENV = "DET_TRACKER_FINISH_TIMEOUT"
+_POLL_S = 1.0  # how often new final rows are looked for between wake-ups
+_MAX_BACKOFF_S = 30.0
+_BATCH_ROWS = 500
+
+
+class _Run:
+    """One sink's progress in this process: its run id once attached, the watermark, checkpoints sent."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.run_id: str | None = None
+        self.forwarded = 0
+        self.checkpoints: set[str] = set()
+        self.closed = False
+        self.failures = 0
+        self.retry_at = 0.0
+        self.warned = False
+
+
+class TrackerForwarder:
+    """Forwards trial ``trial_id``'s final rows to each sink (looking every ``poll_s``); ``start`` it, then
+    ``finish`` it with the trial's outcome (a last pass, then each run's status)."""
+
+    def __init__(self, store: LocalStore, trial_id: int, sinks: Sequence[Sink], *, poll_s: float = _POLL_S) -> None:
+        self._store = store
+        self._trial_id = trial_id
+        self._runs = [_Run(sink) for sink in sinks]
+        self._poll_s = poll_s
+        self._wake = threading.Event()
+        self._outcome: Outcome | None = None
+        self._deadline = float("inf")
+        self._thread = threading.Thread(target=self._loop, name=f"det-trackers-{trial_id}", daemon=True)
+
+    def start(self) -> TrackerForwarder:
+        self._thread.start()
+        return self
+
+    def finish(self, outcome: Outcome, timeout_s: float | None = None) -> None:
+        """Send what is final after ``outcome``, end each run with its status; wait at most ``timeout_s``."""
+        if timeout_s is None:
+            timeout_s = float(os.environ.get(FINISH_TIMEOUT_ENV, "30"))
+        self._deadline = time.monotonic() + timeout_s
+        self._outcome = outcome
+        self._wake.set()
+        self._thread.join(timeout_s + 5.0)
+        if self._thread.is_alive():
+            logger.warning("trackers: trial %d's last metrics did not reach %s in %.0f s; they stay in the store "
+                           "and the trial's next attempt sends them", self._trial_id,
+                           ", ".join(r.sink.name for r in self._runs if not r.closed), timeout_s)
+
+    # -- the thread ---------------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            outcome = self._outcome  # read before the pass: a pass after finish() sees every row
+            now = time.monotonic()
+            if outcome is not None and now >= self._deadline:
+                return
+            for run in self._runs:
+                if not run.closed and now >= run.retry_at:
+                    self._step(run, outcome)
+            if all(run.closed for run in self._runs):
+                return
+            if outcome is not None:  # finishing: retry every second until the deadline
+                for run in self._runs:
+                    run.retry_at = min(run.retry_at, now + 1.0)
+            waits = [run.retry_at - now for run in self._runs if not run.closed and run.retry_at > now]
+            wait = min(waits, default=0.0) if outcome is not None else min([*waits, self._poll_s])
+            self._wake.wait(max(wait, 0.0))
+            self._wake.clear()
+
+    def _step(self, run: _Run, outcome: Outcome | None) -> None:
+        try:
+            self._attach(run)
+            self._send_rows(run, ended=outcome is not None and outcome.ended)
+            self._send_checkpoints(run)
+            if outcome is not None:
+                run.sink.close(outcome)
+                run.closed = True
+        except Exception as exc:  # the tracker is away or refused: keep training, try again later
+            run.failures += 1
+            run.retry_at = time.monotonic() + min(_MAX_BACKOFF_S, 0.5 * 2 ** min(run.failures, 6))
+            if not run.warned:
+                run.warned = True
+                logger.warning("trackers: %s did not take trial %d's metrics (%s: %s); training goes on, the metrics "
+                               "stay in the store and are sent when it answers", run.sink.name, self._trial_id,
+                               type(exc).__name__, exc)
+            else:
+                logger.debug("trackers: %s still failing: %s", run.sink.name, exc)
+        else:
+            if run.failures and run.warned:
+                logger.warning("trackers: %s answers again; trial %d's metrics caught up", run.sink.name,
+                               self._trial_id)
+            run.failures = 0
+            run.warned = False
+
+    def _attach(self, run: _Run) -> None:
+        if run.run_id is not None:
+            return
+        known = self._store.tracker_run(self._trial_id, run.sink.name)
+        if known is None:  # the first attempt of the trial: the run id is kept before anything is logged
+            self._store.set_tracker_run(self._trial_id, run.sink.name, run.sink.create())
+            known = self._store.tracker_run(self._trial_id, run.sink.name)
+            assert known is not None
+        url = run.sink.resume(known["run_id"])
+        if url != known["url"]:
+            self._store.set_tracker_run(self._trial_id, run.sink.name, known["run_id"], url)
+        run.run_id, run.forwarded = known["run_id"], int(known["forwarded_id"])
+
+    def _send_rows(self, run: _Run, *, ended: bool) -> None:
+        while True:
+            rows = self._store.final_metrics(self._trial_id, run.forwarded, ended=ended, limit=_BATCH_ROWS)
+            if not rows:
+                return
+            run.sink.log(rows)
+            last = max(row.id for row in rows)
+            self._store.set_tracker_forwarded(self._trial_id, run.sink.name, last)
+            run.forwarded = last
+            if len(rows) < _BATCH_ROWS:
+                return
+
+    def _send_checkpoints(self, run: _Run) -> None:
+        for checkpoint in self._store.checkpoints(trial_id=self._trial_id):
+            if checkpoint.uuid not in run.checkpoints:
+                run.sink.record_checkpoint(checkpoint)
+                run.checkpoints.add(checkpoint.uuid)

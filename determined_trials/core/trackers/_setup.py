@@ -1,0 +1,101 @@
+"""Trackers from the experiment config: the checks made before any trial runs (package installed, MLflow server
+answering), the chief rank's forwarder of one trial, and the runner's last word on a trial that ended for good."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from determined_trials._info import TrialInfo
+from determined_trials.config import ExperimentConfig, Integrations
+from determined_trials.core.store._local import LocalStore
+from determined_trials.core.trackers._forwarder import TrackerForwarder
+from determined_trials.core.trackers._sink import Outcome, Sink, TrialFacts
+from determined_trials.errors import ConfigError
+
+__all__ = ["TrialFacts", "check_trackers", "mlflow_tracking_uri", "open_forwarder", "settle_trial_runs"]
+
+_CHECK_TIMEOUT_S = 10.0
+
+
+def mlflow_tracking_uri(integrations: Integrations, run_dir: str | os.PathLike[str]) -> str:
+    """The config's URI, else ``$MLFLOW_TRACKING_URI``, else a SQLite store in the run folder."""
+    assert integrations.mlflow is not None
+    uri = integrations.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    folder = Path(run_dir).absolute() / "mlruns"
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def check_trackers(config: ExperimentConfig, run_dir: str | os.PathLike[str]) -> None:
+    """A ``ConfigError`` when a configured tracker's package is missing or its MLflow server does not answer."""
+    integrations = config.integrations
+    for name, settings in (("mlflow", integrations.mlflow), ("wandb", integrations.wandb)):
+        if settings is not None and not _installed(name):
+            raise ConfigError(f"integrations.{name} is set but the {name} package is not installed; install it with "
+                              f"`pip install determined-trials[{name}]` or remove integrations.{name}")
+    if integrations.mlflow is not None:
+        _check_mlflow_server(mlflow_tracking_uri(integrations, run_dir))
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except ValueError:  # present in sys.modules as None: an import of it would fail
+        return False
+
+
+def _check_mlflow_server(uri: str) -> None:
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error  # only with a server to ask: not on every import of the Core API
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=_CHECK_TIMEOUT_S) as reply:
+            if reply.status == 200:
+                return
+            problem = f"it answered HTTP {reply.status}"
+    except (OSError, urllib.error.URLError) as exc:
+        problem = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+    raise ConfigError(f"the MLflow tracking server at {uri} does not answer ({problem}); start it, or fix "
+                      "integrations.mlflow.tracking_uri (or $MLFLOW_TRACKING_URI)")
+
+
+def settle_trial_runs(store: LocalStore, config: ExperimentConfig, trial_id: int, outcome: Outcome, *,
+                      timeout_s: float = 15.0) -> None:
+    """The runner's last word on a trial that ended for good without its process saying so (restarts used up,
+    experiment killed): send the reports that are final now and set each existing run's status."""
+    if config.integrations.mlflow is None and config.integrations.wandb is None:
+        return
+    if not store.tracker_runs(trial_id):
+        return  # the trial never got as far as a tracker run
+    trial = store.trial(trial_id)
+    info = TrialInfo(trial_id=trial.id, experiment_id=trial.experiment_id, trial_seed=trial.seed,
+                     hparams=trial.hparams, config=config.as_dict())
+    facts = TrialFacts(trial=info, experiment_name=store.experiment(trial.experiment_id).name,
+                       searcher_metric=config.searcher.metric, run_dir=str(store.path))
+    forwarder = open_forwarder(store, facts, config.integrations, only_existing=True)
+    if forwarder is not None:
+        forwarder.finish(outcome, timeout_s)
+
+
+def open_forwarder(store: LocalStore, facts: TrialFacts, integrations: Integrations, *,
+                   only_existing: bool = False) -> TrackerForwarder | None:
+    """The started forwarder of the trial's tracker runs (``only_existing``: of the runs it has already), or
+    ``None`` when there is none to feed."""
+    sinks: list[Sink] = []
+    if integrations.mlflow is not None:
+        from determined_trials.core.trackers._mlflow import MlflowSink
+
+        sinks.append(MlflowSink(integrations.mlflow, facts, mlflow_tracking_uri(integrations, facts.run_dir)))
+    if integrations.wandb is not None:
+        from determined_trials.core.trackers._wandb import WandbSink
+
+        sinks.append(WandbSink(integrations.wandb, facts))
+    if only_existing:
+        sinks = [sink for sink in sinks if store.tracker_run(facts.trial.trial_id, sink.name) is not None]
+    return TrackerForwarder(store, facts.trial.trial_id, sinks).start() if sinks else None
