@@ -82,9 +82,9 @@ class RunnerState:
         self._storage = storage_from_spec(config.checkpoint_storage, default_dir=store.path / "checkpoints")
         self._policy = RetentionPolicy.from_config(config)
         self._executor: TrialExecutor = executor or LocalExecutor()
-        attach = getattr(searcher, "attach", None)
-        if attach is not None:  # a searcher with files of its own (optuna's study) keeps them in exp_dir
-            attach(exp_dir, self._max_parallel)
+        cap_in_flight = getattr(searcher, "cap_in_flight", None)
+        if cap_in_flight is not None:  # optuna's: never more trials asked than run at once
+            cap_in_flight(self._max_parallel)
 
     # -- set-up and saved state -----------------------------------------------------------------
     def start_fresh(self) -> None:

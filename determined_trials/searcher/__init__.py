@@ -1,7 +1,7 @@
 """Hyperparameter searchers for local experiments: which trials to create, how long each trains,
 which to stop; pure logic with `state_dict()` for pause/continue. `optuna` (``_optuna``, ``_optuna_space``,
-``_optuna_study``) imports optuna only when the config names it; its study is Optuna's journal file in the
-experiment folder.
+``_optuna_study``, ``_optuna_record``) imports optuna only when the config names it; its study lives in memory,
+recorded in the searcher's state.
 
 May import: errors, config
 """
@@ -9,7 +9,7 @@ May import: errors, config
 from determined_trials.searcher._base import Searcher, TrialRequest, trial_seed
 from determined_trials.searcher._explore import explore_hparams
 from determined_trials.searcher._optuna import OptunaSearch
-from determined_trials.searcher._optuna_study import STUDY_FILE, param_importances
+from determined_trials.searcher._optuna_record import param_importances, restore_study
 from determined_trials.searcher._pbt import PBTSearch
 from determined_trials.searcher._rungs import RungSearch, promotes
 from determined_trials.searcher._searchers import (
@@ -27,7 +27,6 @@ __all__ = [
     "PBTSearch",
     "OptunaSearch",
     "RandomSearch",
-    "STUDY_FILE",
     "RungSearch",
     "Searcher",
     "SingleSearch",
@@ -37,5 +36,6 @@ __all__ = [
     "make_searcher",
     "param_importances",
     "promotes",
+    "restore_study",
     "trial_seed",
 ]

@@ -1,23 +1,19 @@
-"""Optuna itself, imported lazily: the study's journal file in the experiment folder, the samplers and pruners by
-their config names, and the parameter importances the dashboard shows."""
+"""Optuna itself, imported lazily: the experiment's study (in memory), the samplers and pruners by their config
+names."""
 
 from __future__ import annotations
 
 import contextlib
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from determined_trials.errors import ConfigError
 
-__all__ = ["MIN_TRIALS_FOR_IMPORTANCES", "STUDY_FILE", "STUDY_NAME", "import_optuna", "make_sampler", "open_study",
-           "param_importances"]
+__all__ = ["STUDY_NAME", "import_optuna", "make_sampler", "open_study", "quiet"]
 
-STUDY_FILE = "optuna_study.journal"  # in the experiment's folder, beside model/ and config.yaml
 STUDY_NAME = "det-trials"
-MIN_TRIALS_FOR_IMPORTANCES = 10
 
 
 def import_optuna() -> ModuleType:
@@ -65,41 +61,17 @@ def make_sampler(name: str, *, seed: int, experiment_seed: int) -> Any:
     raise ConfigError(f"unknown optuna sampler {name!r}; use tpe, gp, cmaes, qmc or random")
 
 
-def _file_storage(path: Path) -> Any:
-    """Optuna's journal storage on `path`: an append-only log of the study's changes (each append written and
-    fsynced under a lock), read back whole when opened. Chosen over RDB storage on SQLite, whose queries cost
-    ~300 ms per suggestion at 200 trials against the journal's ~60 ms (docs/search.md)."""
+def open_study(
+    *, smaller_is_better: bool, median_pruner: bool, sampler: Any, system_attrs: dict[str, Any] | None = None,
+) -> Any:
+    """A new study in Optuna's in-memory storage, with the study-level `system_attrs` a sampler kept (QMC's
+    position in its sequence) when it is rebuilt from a record (`_optuna_record`)."""
     optuna = import_optuna()
-    from optuna.storages.journal import JournalFileBackend
-
-    return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-
-
-def open_study(path: Path | None, *, smaller_is_better: bool, median_pruner: bool, sampler: Any) -> Any:
-    """The experiment's study: created or loaded from the journal file `path` (None: in memory)."""
-    optuna = import_optuna()
-    storage = optuna.storages.InMemoryStorage() if path is None else _file_storage(path)
+    storage = optuna.storages.InMemoryStorage()
+    direction = optuna.study.StudyDirection.MINIMIZE if smaller_is_better else optuna.study.StudyDirection.MAXIMIZE
+    study_id = storage.create_new_study([direction], STUDY_NAME)
+    for key, value in (system_attrs or {}).items():
+        storage.set_study_system_attr(study_id, key, value)
     pruner = optuna.pruners.MedianPruner() if median_pruner else optuna.pruners.NopPruner()
     with quiet():
-        return optuna.create_study(
-            storage=storage, study_name=STUDY_NAME, sampler=sampler, pruner=pruner, load_if_exists=True,
-            direction="minimize" if smaller_is_better else "maximize",
-        )
-
-
-def param_importances(path: Path) -> dict[str, float] | None:
-    """Optuna's `get_param_importances` of the study in `path` (name -> share, largest first), or None
-    before `MIN_TRIALS_FOR_IMPORTANCES` trials completed, without a study file or without optuna."""
-    if not path.is_file():
-        return None
-    try:
-        optuna = import_optuna()
-    except ConfigError:
-        return None
-    with quiet():
-        study = optuna.load_study(study_name=STUDY_NAME, storage=_file_storage(path))
-        states = (optuna.trial.TrialState.COMPLETE,)
-        if len(study.get_trials(deepcopy=False, states=states)) < MIN_TRIALS_FOR_IMPORTANCES:
-            return None
-        importances = optuna.importance.get_param_importances(study)
-    return {name: float(value) for name, value in importances.items()}
+        return optuna.load_study(study_name=STUDY_NAME, storage=storage, sampler=sampler, pruner=pruner)

@@ -65,6 +65,7 @@ class RungSearch:
         self._divisor = divisor
         self._smaller = smaller_is_better
         self._trials: dict[int, _Trial] = {}
+        self._saved_finished: dict[int, dict[str, Any]] = {}  # request id -> a finished trial's saved form
         self._rungs: list[list[tuple[float, int]]] = [[] for _ in rung_lengths]
 
     # -- what subclasses provide -------------------------------------------------------------
@@ -161,7 +162,7 @@ class RungSearch:
         return {
             "version": _STATE_VERSION, "kind": self.kind, "experiment_seed": self._seed,
             "rung_lengths": list(self._lengths), "max_trials": self._max_trials,
-            "trials": [asdict(t) for t in self._trials.values()],
+            "trials": [self._saved_trial(t) for t in self._trials.values()],
             "rungs": [[[m, rid] for m, rid in entries] for entries in self._rungs],
             **self._extra_state(),
         }
@@ -170,6 +171,7 @@ class RungSearch:
         self._check_compatible(state)
         self._seed = int(state["experiment_seed"])
         self._trials = {int(t["request_id"]): _Trial(**t) for t in state["trials"]}
+        self._saved_finished = {}
         self._rungs = [[(float(m), int(rid)) for m, rid in entries] for entries in state["rungs"]]
         self._load_extra_state(state)
 
@@ -183,6 +185,16 @@ class RungSearch:
                 f"the searcher built from the config {ours}; continue the experiment with the config it was "
                 "created with"
             )
+
+    def _saved_trial(self, trial: _Trial) -> dict[str, Any]:
+        """`asdict(trial)`, made once for a finished trial (which no longer changes): a search of hundreds of
+        trials saves its state at every trial's start and end."""
+        saved = self._saved_finished.get(trial.request_id)
+        if saved is None:
+            saved = asdict(trial)
+            if trial.state != _RUNNING:
+                self._saved_finished[trial.request_id] = saved
+        return saved
 
     def _trial(self, request_id: int) -> _Trial:
         try:

@@ -1,5 +1,5 @@
 """Experiments on a real two-node Ray cluster on 127.0.0.1 (`--ray ADDRESS`): trials spread over both
-nodes and give the local executor's results; a killed trial process restarts from its checkpoint;
+nodes and give the local executor's results; an optuna search; a killed trial process restarts from its checkpoint;
 pause/continue; a checkpoint folder one node cannot see is refused before any trial runs."""
 
 from __future__ import annotations
@@ -90,6 +90,32 @@ def test_a_pbt_search_on_ray_starts_each_child_from_its_parents_checkpoint(clust
     loaded = [line.split()[-1] for line in log.splitlines() if line.startswith("loaded checkpoint ")]
     assert child.parent_checkpoint == round_end[-1] == loaded[0]  # named by uuid, read from the shared storage
     assert child.metadata["node"] in cluster.node_ids() and final_states(store, 1)[child.id]["step"] == 4
+
+
+def test_an_optuna_search_on_ray(cluster: LocalRayCluster, tmp_path: Path) -> None:
+    """`searcher: optuna` with --ray as with the local executor: the suggestions the searcher makes for the seed,
+    max_concurrent_trials in flight and no more, each trial told its metric once in the study's record."""
+    optuna = pytest.importorskip("optuna")
+    from determined_trials.config import load_config
+    from determined_trials.searcher import make_searcher, restore_study
+
+    searcher = {"name": "optuna", "metric": "loss", "max_length": 3, "max_trials": 3, "max_concurrent_trials": 2}
+    config, ctx = _context(tmp_path, {"lr": {"type": "double", "minval": 0.1, "maxval": 0.9}, "sleep": 0.3},
+                           searcher=searcher)
+    assert create(tmp_path / "ray", config, ctx, "--ray", cluster.address, "--max-parallel", "3") == 0
+    store = LocalStore(tmp_path / "ray")
+    trials = store.trials(1)
+    assert store.experiment(1).state == "COMPLETED" and [t.state for t in trials] == ["COMPLETED"] * 3
+    in_process = make_searcher(load_config(config))  # TPE's first 10 are seeded draws: the same in any order
+    expected = [r.hparams for r in in_process.initial_trials() + in_process.on_validation(0, 3, 1.0)]
+    assert [t.hparams for t in trials] == expected
+    assert all(t.metadata["node"] in cluster.node_ids() for t in trials)
+    ends = sorted(t.end_time for t in trials if t.end_time is not None)
+    assert sum(t.start_time < ends[0] for t in trials) == 2  # two in flight, the third asked after one ended
+    study = restore_study(store.experiment(1).searcher_state["searcher"]["study"])
+    told = {round(t.params["lr"], 12): t.value for t in study.get_trials(deepcopy=False)}
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    assert told == {round(r.hparams["lr"], 12): r.best_metric for r in summarize_trials(store, 1, "loss", True)}
 
 
 def _when(run_dir: Path, found: Callable[[LocalStore], Any], timeout: float = 300) -> Any:

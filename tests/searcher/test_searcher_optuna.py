@@ -1,19 +1,20 @@
 """The optuna searcher driven in-process: every hyperparameter type through every sampler (or its refusal),
-ask/tell counts, the concurrency limit, seeding, pruning at rungs, and a study that outlives a killed runner."""
+ask/tell counts, the concurrency limit, seeding, pruning at rungs, and a study rebuilt from the saved state after
+its runner was killed."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from determined_trials.config import load_config
 from determined_trials.errors import ConfigError
-from determined_trials.searcher import STUDY_FILE, OptunaSearch, TrialRequest, make_searcher, param_importances
+from determined_trials.searcher import OptunaSearch, TrialRequest, make_searcher, param_importances
 
 optuna = pytest.importorskip("optuna")
 
@@ -129,11 +130,21 @@ def test_ask_and_tell_counts_equal_the_trials_run_and_never_more_in_flight() -> 
     assert set(states.values()) == {"completed", "stopped", "exited"}
 
 
-def test_the_runner_caps_the_trials_in_flight_at_what_it_runs(tmp_path: Path) -> None:
+def test_the_runner_caps_the_trials_in_flight_at_what_it_runs() -> None:
     searcher = _optuna(max_concurrent_trials=16)
-    searcher.attach(tmp_path, 2)
+    searcher.cap_in_flight(2)
     assert len(searcher.initial_trials()) == 2
-    assert (tmp_path / STUDY_FILE).is_file()
+
+
+def _saved(searcher: OptunaSearch) -> dict[str, Any]:
+    """The searcher's state as the store keeps it (JSON text and back)."""
+    return json.loads(json.dumps(searcher.state_dict(), allow_nan=True))
+
+
+def _view(study: Any) -> list[tuple[Any, ...]]:
+    """What a study holds of each trial (all but its times)."""
+    return [(t.number, t.state, t.params, t.distributions, t.values, t.intermediate_values, t.system_attrs)
+            for t in study.get_trials(deepcopy=True)]
 
 
 @pytest.mark.parametrize("sampler", ["tpe", "random", "qmc"])
@@ -167,55 +178,68 @@ def test_pruner_median_is_optunas_median_pruner() -> None:
     assert {t.state.name for t in study.get_trials(deepcopy=False)} == {"COMPLETE", "PRUNED"}
 
 
-def test_a_killed_runner_continues_the_same_study(tmp_path: Path) -> None:
-    """The saved state lags the study (asks and tells after it); the continued search FAILs the asks its
-    runner never saw, keeps the tells, and ends with max_trials trials, none told twice."""
-    first = _optuna(max_trials=10, max_concurrent_trials=2)
-    first.attach(tmp_path, 2)
-    driver = Driver(first).run(steps=3)
-    saved = first.state_dict()
-    driver.run(steps=1)  # one more tell and one more ask, then the runner is killed
-    running = optuna.trial.TrialState.RUNNING
-    assert len(first.study.get_trials(deepcopy=False)) == 6
-    second = _optuna(max_trials=10, max_concurrent_trials=2)
-    second.attach(tmp_path, 2)
+def test_a_killed_runner_continues_the_same_study() -> None:
+    """The runner saves the searcher's state, study included, then asks and tells on; killed, the continued search
+    rebuilds the study of the saved state (the later ask and tell are gone with the runner, as its own record of
+    them), replays the running trials and ends with max_trials trials, each told once."""
+    first = _optuna(max_trials=10, max_concurrent_trials=2, pruner="asha", divisor=2, max_rungs=2)
+    driver = Driver(first).run(steps=5)
+    saved, at_save = _saved(first), _view(first.study)
+    driver.run(steps=1)  # one more report or tell (and maybe an ask), then the runner is killed
+    assert _view(first.study) != at_save
+    second = _optuna(max_trials=10, max_concurrent_trials=2, pruner="asha", divisor=2, max_rungs=2)
     second.load_state_dict(saved)
-    study = second.study
-    ours = {second.trial_number(rid) for rid in range(len(saved["trials"]))}
-    assert ours == {0, 1, 2, 3, 4}
-    assert {t.number: t.state.name for t in study.get_trials(deepcopy=False) if t.number not in ours} == {5: "FAIL"}
-    assert {t.number for t in study.get_trials(deepcopy=False, states=(running,))} <= {
-        second.trial_number(rid) for rid in second.running()}
+    assert _view(second.study) == at_save and len(at_save) < 10
+    assert sorted(second.trial_number(rid) for rid in second.running()) == [
+        t[0] for t in at_save if t[1].name == "RUNNING"]
+    assert _saved(second) == saved  # the rebuilt study records as the saved one
     resumed = Driver(second)
     resumed.pending = {rid: next(r for r in driver.created if r.request_id == rid) for rid in second.running()}
     resumed.run()
-    trials = study.get_trials(deepcopy=False)
-    done = [t for t in trials if t.state.name == "COMPLETE"]
-    assert len(done) == 10 and sum(t.state.name == "FAIL" for t in trials) == 1  # the ask never run
-    assert sorted(second.trial_number(rid) for rid in range(10)) == sorted(t.number for t in done)
+    trials = second.study.get_trials(deepcopy=False)
+    assert len(trials) == 10 and {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
+    assert sorted(second.trial_number(rid) for rid in range(10)) == list(range(10))
+    for t in trials:  # the one rung below max_length reported once, also by the trials replayed after the continue
+        assert list(t.intermediate_values) == [4]
 
 
-def test_a_study_continues_with_the_suggestions_it_would_have_made(tmp_path: Path) -> None:
-    straight = [r.hparams for r in Driver(_optuna(max_trials=8)).run().created]
-    first = _optuna(max_trials=8)
-    first.attach(tmp_path, 1)
-    before = Driver(first).run(steps=4)  # four told, the fifth asked
-    second = _optuna(max_trials=8)
-    second.attach(tmp_path, 1)
-    second.load_state_dict(first.state_dict())
+@pytest.mark.parametrize("sampler", ["tpe", "qmc", "gp", "cmaes"])
+def test_a_study_continues_with_the_suggestions_it_would_have_made(sampler: str) -> None:
+    """Continued after 9 of 12 trials (past TPE's and GP's 10 random startup trials with the 11th, and past
+    CMA-ES's first generation, whose optimizer a trial's system attributes carry), one trial at a time."""
+    if sampler == "cmaes" and importlib.util.find_spec("cmaes") is None:
+        pytest.skip("cmaes is not installed")
+    space = NUMERIC if sampler == "cmaes" else SPACE
+    straight = [r.hparams for r in Driver(_optuna(space, max_trials=12, sampler=sampler)).run().created]
+    first = _optuna(space, max_trials=12, sampler=sampler)
+    before = Driver(first).run(steps=9)  # nine told, the tenth asked
+    second = _optuna(space, max_trials=12, sampler=sampler)
+    second.load_state_dict(_saved(first))
     after = Driver(second)
-    after.pending = {4: before.created[4]}
+    after.pending = {9: before.created[9]}
     after.run()
     assert [r.hparams for r in before.created + after.created] == straight
+    if sampler == "cmaes":
+        assert any(key.startswith("cma:optimizer") for t in second.study.get_trials(deepcopy=False)[:10]
+                   for key in t.system_attrs)
 
 
-def test_param_importances_need_ten_completed_trials(tmp_path: Path) -> None:
+def test_the_record_holds_the_study() -> None:
+    """Every trial's state, params, values, intermediate values and sampler attributes come back the same."""
+    searcher = _optuna(max_trials=8, max_concurrent_trials=3, pruner="median", divisor=2, max_rungs=2)
+    Driver(searcher, order_seed=2, exit_prob=0.2).run(steps=9)
+    again = _optuna(max_trials=8, max_concurrent_trials=3, pruner="median", divisor=2, max_rungs=2)
+    again.load_state_dict(_saved(searcher))
+    assert _view(again.study) == _view(searcher.study)
+    assert {t.state.name for t in searcher.study.get_trials(deepcopy=False)} >= {"RUNNING", "FAIL"}
+
+
+def test_param_importances_need_ten_completed_trials() -> None:
     searcher = _optuna(max_trials=12)
-    searcher.attach(tmp_path, 1)
     driver = Driver(searcher).run(steps=9)
-    assert param_importances(tmp_path / STUDY_FILE) is None
+    assert param_importances(_saved(searcher)["study"]) is None
     driver.run()
-    found = param_importances(tmp_path / STUDY_FILE)
+    found = param_importances(_saved(searcher)["study"])
     assert found is not None and set(found) == {"lr", "layers", "dropout", "opt.name", "opt.sizes"}
     assert list(found.values()) == sorted(found.values(), reverse=True)
 
@@ -225,6 +249,7 @@ def test_config_errors() -> None:
         load_config({"searcher": {"name": "optuna", "metric": "loss", "max_trials": 2, "pruner": "asha"}})
     with pytest.raises(ConfigError, match="sampler"):
         load_config({"searcher": {"name": "optuna", "metric": "loss", "max_trials": 2, "sampler": "bohb"}})
-    with pytest.raises(ValueError, match="sampler 'tpe'"):
+    with pytest.raises(ValueError, match=r"\(sampler, pruner, direction\) \('tpe', 'none', 'MINIMIZE'\), the config "
+                                         r"asks for \('random'"):
         other = _optuna(sampler="random")
         other.load_state_dict(_optuna().state_dict())

@@ -79,6 +79,34 @@ def test_an_experiment_names_its_log_scaled_and_searched_hyperparameters(tmp_pat
     assert client.get("/api/v1/experiments/2").json()["log_hparams"] == []
 
 
+def test_an_optuna_experiment_serves_param_importances_from_ten_completed_trials(tmp_path: Path) -> None:
+    """From the study recorded in the searcher state the runner saves: none at 9 completed trials, Optuna's
+    importances of the searched hyperparameters at 10 (the answer cached by count is computed again)."""
+    pytest.importorskip("optuna")
+    from determined_trials.config import load_config
+    from determined_trials.searcher import make_searcher
+
+    config = {"searcher": {"name": "optuna", "metric": "loss", "max_trials": 10, "max_length": 1},
+              "hyperparameters": {"x": {"type": "double", "minval": -2, "maxval": 2},
+                                  "y": {"type": "int", "minval": 0, "maxval": 9}, "z": {"type": "const", "val": 1}},
+              "reproducibility": {"experiment_seed": 4}}
+    searcher = make_searcher(load_config(config))
+    store = LocalStore(tmp_path / "runs")
+    store.create_experiment(name="optuna", config=config)
+    client = _client(tmp_path / "runs")
+    pending = list(searcher.initial_trials())
+    for done in range(1, 11):
+        request = pending.pop(0)
+        pending += searcher.on_validation(request.request_id, 1, request.hparams["x"] ** 2 + 0.01 * request.hparams["y"])
+        store.set_searcher_state(1, {"searcher": searcher.state_dict()})
+        if done in (1, 9):
+            assert client.get("/api/v1/experiments/1").json()["param_importances"] is None
+    found = client.get("/api/v1/experiments/1").json()["param_importances"]
+    assert set(found) == {"x", "y"} and sum(found.values()) == pytest.approx(1.0)
+    assert list(found.values()) == sorted(found.values(), reverse=True)
+    store.close()
+
+
 def test_trials_of_an_experiment(run_dir: Path) -> None:
     data = _client(run_dir).get("/api/v1/experiments/1/trials").json()
     trials = data["trials"]
