@@ -41,6 +41,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(autouse=True)
 def _quiet_wandb(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_SILENT", "true")
+    # The forwarder's last sends at exit wait 30 s by default; a loaded test machine may need longer, and the
+    # assertions below read the runs right after the trial ends (subprocesses inherit this).
+    monkeypatch.setenv("DET_TRACKER_FINISH_TIMEOUT", "300")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # our forwarder retries, not each request
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
