@@ -19,11 +19,11 @@ StepMode = pytorch.LRScheduler.StepMode
 SHARD_SIZES = (9, 10, 11, 12)  # uneven: the ranks' parts differ in length
 
 
-def write_shards(folder: Path) -> list[str]:
-    """JSON-lines shards of records ``{"i": index}``; returns their paths."""
+def write_shards(folder: Path, sizes: tuple[int, ...] = SHARD_SIZES) -> list[str]:
+    """JSON-lines shards of ``sizes`` records ``{"i": index}``; returns their paths."""
     folder.mkdir(parents=True, exist_ok=True)
     paths, index = [], 0
-    for shard, size in enumerate(SHARD_SIZES):
+    for shard, size in enumerate(sizes):
         path = folder / f"shard{shard}.jsonl"
         path.write_text("".join(json.dumps({"i": index + k}) + "\n" for k in range(size)))
         paths.append(str(path))
@@ -101,7 +101,7 @@ class StreamTrial(pytorch.PyTorchTrial):
                  epoch_scheduler: bool = False) -> None:
         self.context = context
         hp = context.get_hparams()
-        stop_after = hp.get("stop_after", stop_after)
+        stop_after, flag_batch = hp.get("stop_after", stop_after), hp.get("flag_batch", flag_batch)
         flag_path, batch_sleep = hp.get("flag_path", flag_path), hp.get("batch_sleep", batch_sleep)
         self.print = bool(hp.get("print", False))
         self.stop_after, self.flag_path, self.flag_batch, self.batch_sleep = stop_after, flag_path, flag_batch, batch_sleep
