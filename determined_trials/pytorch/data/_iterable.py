@@ -50,6 +50,9 @@ def stateful_loader(dataset: Any, **kwargs: Any) -> Any:
         return StatefulDataLoader(dataset, **kwargs)
 
 
+_IDLE: Iterator[Any] = iter(())  # an exhausted iterator: "no loader iterator", found on the slow path only
+
+
 class StreamOfPasses(StreamLifecycle):
     """One rank's training batches from a stream: when a pass runs out the next epoch starts a new one.
 
@@ -57,16 +60,17 @@ class StreamOfPasses(StreamLifecycle):
     batch ``next()`` returned last and ``position`` counts the batches taken. ``state_dict()`` is the
     position (epoch, batch in epoch, the loader's state); ``load_state_dict`` before the first ``next()``
     resumes there. A pass that yields no batch at all raises RuntimeError instead of spinning forever.
+    Per batch ``next()`` takes the loader's batch and counts it, nothing else: starting, ending and
+    resuming passes happen where the loader's iterator raises ``StopIteration``.
     """
 
     def __init__(self, loader: Any, dataset: Any, *, seed_of_epoch: Any, start_batch: int = 0) -> None:
         self._loader, self._dataset, self._seed_of_epoch = loader, dataset, seed_of_epoch
-        self._iterator: Any = None
+        self._iterator: Iterator[Any] = _IDLE
         self._closed = False
         self.epoch_len: int | None = None
-        self.position = start_batch
-        self._epoch = self._in_epoch = 0  # the next batch's epoch and index in it
         self.epoch_idx, self.batch_in_epoch = 0, -1
+        self._before_epoch = start_batch  # batches taken before this epoch's first (``position``'s base)
         self._set_epoch = getattr(dataset, "set_epoch", None)
 
     @property
@@ -74,65 +78,82 @@ class StreamOfPasses(StreamLifecycle):
         """The ``StatefulDataLoader`` that loads the batches."""
         return self._loader
 
+    @property
+    def position(self) -> int:
+        """The batches taken so far (counting those before a resume)."""
+        return self._before_epoch + self.batch_in_epoch + 1
+
     def state_dict(self) -> dict[str, Any]:
         """This rank's position: the epoch, the batches taken in it and the loader's (workers') state."""
         loader_state = copy.deepcopy(self._loader.state_dict())  # the loader goes on changing its own
-        return {"epoch": self._epoch, "in_epoch": self._in_epoch, "loader": loader_state}
+        return {"epoch": self.epoch_idx, "in_epoch": self.batch_in_epoch + 1, "loader": loader_state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at a saved position (before the first ``next()``)."""
-        if self._iterator is not None:
+        if self._iterator is not _IDLE:
             raise RuntimeError("load_state_dict() must come before the stream's first batch")
-        self._epoch, self._in_epoch = int(state["epoch"]), int(state["in_epoch"])
-        self.epoch_idx, self.batch_in_epoch = self._epoch, self._in_epoch - 1
+        self._move_to(int(state["epoch"]), int(state["in_epoch"]))
         self._start_epoch()
         self._loader.load_state_dict(state["loader"])
 
     def start_at_epoch(self, epoch: int) -> None:
         """Start at the beginning of ``epoch`` (a position saved on another number of ranks)."""
-        self._epoch, self._in_epoch = epoch, 0
-        self.epoch_idx, self.batch_in_epoch = epoch, -1
+        self._move_to(epoch, 0)
+
+    def _move_to(self, epoch: int, in_epoch: int) -> None:
+        position = self.position
+        self.epoch_idx, self.batch_in_epoch = epoch, in_epoch - 1
+        self._before_epoch = position - in_epoch
+
+    def close(self) -> None:
+        super().close()
+        self._iterator = _IDLE
 
     def __iter__(self) -> StreamOfPasses:
         return self
 
     def __next__(self) -> Any:
-        for _attempt in range(2):
-            if self._iterator is None:
-                if self._closed:
-                    raise RuntimeError("this training stream was closed; build a new one to keep training")
-                if self._in_epoch == 0:
-                    self._start_epoch()
-                self._iterator = iter(self._loader)
-            try:
-                batch = next(self._iterator)
-            except StopIteration:
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            batch = self._next_pass()
+        self.batch_in_epoch += 1
+        return batch
+
+    def _next_pass(self) -> Any:
+        """The first batch of a new loader iterator: at the start, after a resume, or when a pass ran out."""
+        while True:
+            if self._iterator is not _IDLE:
                 self._end_pass()
+            if self._closed:
+                raise RuntimeError("this training stream was closed; build a new one to keep training")
+            if self.batch_in_epoch < 0:
+                self._start_epoch()
+            self._iterator = iter(self._loader)
+            try:
+                return next(self._iterator)
+            except StopIteration:
                 continue
-            self.position += 1
-            self.epoch_idx, self.batch_in_epoch = self._epoch, self._in_epoch
-            self._in_epoch += 1
-            return batch
-        raise AssertionError("unreachable")  # pragma: no cover - _end_pass raises on the second empty pass
 
     def _start_epoch(self) -> None:
         """Tell the stream its epoch and seed the workers' base seed from it."""
         if callable(self._set_epoch):
-            self._set_epoch(self._epoch)
+            self._set_epoch(self.epoch_idx)
         generator = self._loader.generator
         if isinstance(generator, torch.Generator):
-            generator.manual_seed(self._seed_of_epoch(self._epoch))
+            generator.manual_seed(self._seed_of_epoch(self.epoch_idx))
 
     def _end_pass(self) -> None:
-        iterator, self._iterator = self._iterator, None
+        iterator, self._iterator = self._iterator, _IDLE
         shutdown_loader_iterator(iterator)
-        if self._in_epoch == 0:
+        if self.batch_in_epoch < 0:
             raise RuntimeError(
                 f"the training stream ({type(self._dataset).__name__}) yielded no batch in a whole pass (epoch "
-                f"{self._epoch}): it is empty on this rank, shorter than one batch with drop_last=True, or a "
+                f"{self.epoch_idx}): it is empty on this rank, shorter than one batch with drop_last=True, or a "
                 "one-shot iterator that is exhausted (training would otherwise wait forever)"
             )
-        self._epoch, self._in_epoch = self._epoch + 1, 0
+        self._before_epoch += self.batch_in_epoch + 1
+        self.epoch_idx, self.batch_in_epoch = self.epoch_idx + 1, -1
 
 
 class StreamPositions:
