@@ -173,8 +173,8 @@ class StreamPositions:
         self._restored = None if saved is None else saved.get("ranks")
 
     def resume(self, stream: StreamOfPasses, rank: int, world_size: int) -> None:
-        """Put ``stream`` at the position this rank saved (the start of the saved epoch on another number
-        of ranks, with a warning)."""
+        """Put ``stream`` at the position this rank saved; saved on another number of ranks, at the start of
+        the earliest epoch a saved rank was in (with a warning): nothing is lost, records read again."""
         saved, self._restored = self._restored, None
         if saved is None:
             if stream.position > 0:
@@ -184,11 +184,13 @@ class StreamPositions:
         if len(saved) == world_size:
             stream.load_state_dict(saved[rank])
             return
-        epoch = int(saved[0]["epoch"])
+        epoch = min(int(position["epoch"]) for position in saved)
         logger.warning(
-            "the stream position was saved on %d rank(s) and this run has %d: each rank's part of the stream "
-            "differs, so every rank starts epoch %d from its beginning (records of that epoch read before the "
-            "stop are read again)", len(saved), world_size, epoch,
+            "the stream position was saved on %d rank(s) and this run has %d: a stream's saved position is a "
+            "position in its rank's part, and the parts differ with the number of ranks, so every rank starts "
+            "epoch %d from its beginning: no record is lost, but the records of that epoch (and of any later one "
+            "a rank had begun) read before the stop are read again (see docs/data.md)",
+            len(saved), world_size, epoch,
         )
         stream.start_at_epoch(epoch)
 
