@@ -140,8 +140,8 @@ def own_rng_state(checkpoint: dict[str, Any], rank: int, world_size: int) -> dic
     batches of different sizes), else the chief's."""
     ranks = checkpoint.get("rank_rng_states")
     if isinstance(ranks, list) and len(ranks) == world_size:
-        return ranks[rank]  # type: ignore[no-any-return]
-    return checkpoint["rng_state"]  # type: ignore[no-any-return]
+        return ranks[rank]
+    return checkpoint["rng_state"]
 
 
 def large_state_template(context: PyTorchTrialContext) -> dict[str, Any]:
