@@ -38,8 +38,9 @@ def features(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class CountingStream(torch.utils.data.IterableDataset[Any]):
-    """A user's own stream of records ``{"i": k}``, k < n: it saves its position (``state_dict``), learns its
-    rank from ``set_shard`` and splits its rank's part among data-loader workers by ``get_worker_info()``."""
+    """A user's own stream of records ``{"i": k, "noise": u}``, k < n: it saves its position (``state_dict``),
+    learns its rank from ``set_shard`` and splits its rank's part among data-loader workers by
+    ``get_worker_info()``. ``u`` is an augmentation's draw from torch's global RNG, in whichever process reads."""
 
     def __init__(self, n: int) -> None:
         self.n, self.rank, self.world = n, 0, 1
@@ -48,13 +49,13 @@ class CountingStream(torch.utils.data.IterableDataset[Any]):
     def set_shard(self, rank: int, world_size: int) -> None:
         self.rank, self.world = rank, world_size
 
-    def __iter__(self) -> Iterator[dict[str, int]]:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         if not self._loaded:  # a new pass starts at 0; a loaded position is taken up once
             self.next_index = 0
         self._loaded = False
         return self._records()
 
-    def _records(self) -> Iterator[dict[str, int]]:
+    def _records(self) -> Iterator[dict[str, Any]]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         readers, me = self.world * workers, self.rank * workers + worker
@@ -62,7 +63,7 @@ class CountingStream(torch.utils.data.IterableDataset[Any]):
             k = self.next_index
             self.next_index += 1
             if k % readers == me:
-                yield {"i": k}
+                yield {"i": k, "noise": torch.rand(()) * 0.01}
 
     def state_dict(self) -> dict[str, int]:
         return {"next_index": self.next_index}
@@ -133,6 +134,8 @@ class StreamTrial(pytorch.PyTorchTrial):
             print(f"rank {self.context.distributed.get_rank()} seen {epoch_idx} {batch_idx} {index.tolist()}",
                   flush=True)
         x, y = features(index)
+        if "noise" in batch:
+            x = x + batch["noise"].unsqueeze(1)
         return train_step(self, nn.functional.mse_loss(self.model(x), y), batch_idx)
 
     def evaluate_batch(self, batch: Any) -> dict[str, Any]:
