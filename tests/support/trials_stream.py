@@ -71,6 +71,15 @@ class CountingStream(torch.utils.data.IterableDataset[Any]):
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.next_index, self._loaded = state["next_index"], True
 
+    @staticmethod
+    def merge_state_dicts(states: list[dict[str, int]]) -> dict[str, int] | None:
+        """Reader j of R read records j, j + R, ... below its ``next_index``: when together they read every
+        record before the furthest one and none after, the pass goes on from there under any layout."""
+        readers, ends = len(states), [state["next_index"] for state in states]
+        upto = max(ends)
+        unread = [end + (j - end) % readers for j, end in enumerate(ends)]  # each reader's next record
+        return {"next_index": upto} if min(unread) >= upto else None
+
 
 class PlainStream(torch.utils.data.IterableDataset[Any]):
     """A generator-backed stream that cannot save its position (the replay path)."""

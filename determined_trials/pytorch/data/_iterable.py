@@ -100,6 +100,18 @@ class StreamOfPasses(StreamLifecycle):
         """Start at the beginning of ``epoch`` (a position saved on another number of ranks)."""
         self._move_to(epoch, 0)
 
+    @property
+    def dataset(self) -> Any:
+        """This rank's stream (the user's, or the harness's sharding wrapper)."""
+        return self._dataset
+
+    def continue_merged(self, epoch: int, in_epoch: int, stream_state: Any) -> None:
+        """Go on in ``epoch`` from ``stream_state``, a position merged from another number of ranks (before
+        the first ``next()``; the stream's readers here take it up, each with its own part)."""
+        self._move_to(epoch, in_epoch)
+        self._start_epoch()
+        self._dataset.load_state_dict(stream_state)
+
     def _move_to(self, epoch: int, in_epoch: int) -> None:
         position = self.position
         self.epoch_idx, self.batch_in_epoch = epoch, in_epoch - 1
@@ -184,15 +196,52 @@ class StreamPositions:
         if len(saved) == world_size:
             stream.load_state_dict(saved[rank])
             return
+        merged = merged_stream_state(stream.dataset, saved)
+        if merged is not None:
+            logger.info("the stream position was saved on %d rank(s) and this run has %d: the stream merged the "
+                        "ranks' positions (merge_state_dicts) and goes on from there", len(saved), world_size)
+            stream.continue_merged(int(saved[0]["epoch"]), min(int(p["in_epoch"]) for p in saved), merged)
+            return
         epoch = min(int(position["epoch"]) for position in saved)
         logger.warning(
             "the stream position was saved on %d rank(s) and this run has %d: a stream's saved position is a "
             "position in its rank's part, and the parts differ with the number of ranks, so every rank starts "
             "epoch %d from its beginning: no record is lost, but the records of that epoch (and of any later one "
-            "a rank had begun) read before the stop are read again (see docs/data.md)",
+            "a rank had begun) read before the stop are read again (a stream with merge_state_dicts that can merge "
+            "the positions goes on exactly: see docs/data.md)",
             len(saved), world_size, epoch,
         )
         stream.start_at_epoch(epoch)
+
+
+def merged_stream_state(dataset: Any, saved: list[Any]) -> Any:
+    """The state from which ``dataset`` goes on exactly after ``saved`` (the positions of a run on another
+    number of ranks): its class's ``merge_state_dicts`` applied to every reader's state (rank by rank, worker
+    by worker), when the ranks were in one epoch; None when that cannot be (and when the stream says so)."""
+    merge = getattr(type(dataset), "merge_state_dicts", None)  # the class's: not a wrapper's forwarding
+    if merge is None or len({int(position["epoch"]) for position in saved}) != 1:
+        return None
+    readers: list[Any] = []
+    for position in saved:
+        states = _reader_states(position["loader"])
+        if states is None:
+            return None
+        readers += states
+    return dataset.merge_state_dicts(readers)
+
+
+def _reader_states(loader: dict[str, Any]) -> list[Any] | None:
+    """The stream's state of each reader in a ``StatefulDataLoader`` state: the loading process's, or each
+    worker's (inside the ``WorkerSeeded`` wrapper's); None when one is missing or older than the last batch."""
+    snapshot = loader.get("_snapshot")
+    if snapshot is None:
+        states = [loader.get("dataset_state")]
+    elif loader.get("_steps_since_snapshot", 0):
+        return None
+    else:
+        workers = snapshot["_worker_snapshots"]
+        states = [(workers[f"worker_{i}"].get("dataset_state") or {}).get("stream") for i in range(len(workers))]
+    return None if any(state is None for state in states) else states
 
 
 def in_step(batches: Iterable[Any], every_rank_has: Callable[[bool], bool]) -> Iterator[Any]:
