@@ -146,11 +146,12 @@ def test_a_stream_that_merges_positions_goes_on_exactly_on_another_number_of_ran
     for rank in range(new_world):
         positions = StreamPositions()
         positions.on_checkpoint_load_start({"callbacks": {STREAM_POSITIONS: {"ranks": saved}}})
-        with pytorch.DataLoader(make_stream("user", data_dir), batch_size=4).build_training_stream(
-                seed=1, rank=rank, num_replicas=new_world, start_batch=steps) as stream:
+        loader = pytorch.DataLoader(make_stream("user", data_dir), batch_size=4, num_workers=workers)
+        with loader.build_training_stream(seed=1, rank=rank, num_replicas=new_world, start_batch=steps) as stream:
             positions.resume(stream, rank, new_world)
             while (batch := next(stream)) is not None and stream.epoch_idx == 0:
                 read += batch["i"].tolist()
+        assert batch["i"][0] == rank * max(workers, 1)  # the next pass starts at its beginning
     if exact:  # each record of the epoch read once, before or after the change
         assert sorted(read) == list(range(TOTAL)) and "merged the ranks' positions" in caplog.text
     else:  # the records read before the stop are read again, nothing is lost

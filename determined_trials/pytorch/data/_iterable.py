@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from determined_trials.pytorch.data._stream import StreamLifecycle, shutdown_loader_iterator
+from determined_trials.pytorch.data._worker_seeds import WorkerSeeded
 
 __all__ = ["STREAM_POSITIONS", "StreamOfPasses", "StreamPositions", "in_step", "stateful_loader"]
 
@@ -72,6 +73,7 @@ class StreamOfPasses(StreamLifecycle):
         self.epoch_idx, self.batch_in_epoch = 0, -1
         self._before_epoch = start_batch  # batches taken before this epoch's first (``position``'s base)
         self._set_epoch = getattr(dataset, "set_epoch", None)
+        self._handed_over = False  # a merged position handed to the workers (``continue_merged``)
 
     @property
     def loader(self) -> Any:
@@ -110,7 +112,12 @@ class StreamOfPasses(StreamLifecycle):
         the first ``next()``; the stream's readers here take it up, each with its own part)."""
         self._move_to(epoch, in_epoch)
         self._start_epoch()
-        self._dataset.load_state_dict(stream_state)
+        loaded = self._loader.dataset
+        if isinstance(loaded, WorkerSeeded):  # workers: each loads it into its copy when it starts
+            loaded.hand_over(stream_state)
+            self._handed_over = True
+        else:  # this process reads: its next ``__iter__`` takes the state up
+            self._dataset.load_state_dict(stream_state)
 
     def _move_to(self, epoch: int, in_epoch: int) -> None:
         position = self.position
@@ -142,6 +149,9 @@ class StreamOfPasses(StreamLifecycle):
             if self.batch_in_epoch < 0:
                 self._start_epoch()
             self._iterator = iter(self._loader)
+            if self._handed_over:  # the workers started with the merged position: later passes start at 0
+                self._loader.dataset.hand_over(None)
+                self._handed_over = False
             try:
                 return next(self._iterator)
             except StopIteration:

@@ -30,9 +30,19 @@ class WorkerSeeded(CountedPass):
     def __init__(self, dataset: Any, batch_size: int) -> None:
         super().__init__(dataset)
         self._batch_size = batch_size
+        self._handed: Any = None  # a stream state each worker loads before its first pass
+
+    def hand_over(self, state: Any) -> None:
+        """In the main process: every worker started from now on loads ``state`` into its copy of the stream
+        before its first pass (a position merged from another number of ranks); ``hand_over(None)`` once the
+        workers started, so that the next pass's workers start a new pass."""
+        self._handed = state
 
     def __iter__(self) -> Iterator[Any]:
         self._begin_pass()
+        handed, self._handed = self._handed, None  # in a worker: its copy's, taken up once
+        if handed is not None:
+            self.dataset.load_state_dict(handed)
         info = torch.utils.data.get_worker_info()
         records = iter(self.dataset)
         return records if info is None else self._seeded(records, info.seed, info.id)
