@@ -1,6 +1,6 @@
 """Streams through det.pytorch.DataLoader: time from resume to the first batch, and the per-batch cost.
 
-Usage: python benchmarks/stream_resume.py [--rounds 7] [--near 1000] [--deep 1000000] [--batches 3000]
+Usage: python benchmarks/stream_resume.py [--rounds 9] [--near 1000] [--deep 1000000] [--batches 3000] [--quick]
 
 A stream of records made from their index (nothing in memory), batches of 32, one process. Resume: a
 saved position at ``--near`` and at ``--deep`` records, for a stream that saves its position
@@ -8,12 +8,16 @@ saved position at ``--near`` and at ``--deep`` records, for a stream that saves 
 grows with the position); each round times building the training stream, loading the position and
 taking the first batch, both positions interleaved. Per batch: ``--batches`` batches through
 det.pytorch.DataLoader's training stream vs torchdata's ``StatefulDataLoader`` (the loader it wraps) and
-torch's ``DataLoader`` on the same stream, interleaved; the median of the per-round ratios.
+torch's ``DataLoader`` on the same stream: in each round the three take turns in blocks of 100 batches
+(the first to go rotates); the median of the per-round ratios. And the training stream's own cost per
+``next()``, over a loader whose batches cost nothing. ``--quick``: a few
+seconds' smoke run (2 rounds, small positions, 100 batches).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -24,12 +28,13 @@ from typing import Any
 import torch
 
 from determined_trials import pytorch
-from determined_trials.pytorch.data._iterable import stateful_loader
+from determined_trials.pytorch.data._iterable import StreamOfPasses, stateful_loader
 from determined_trials.pytorch.data._loader import StreamReplayWarning
 
 __all__ = ["main"]
 
 BATCH = 32
+BLOCK = 100  # batches each loader takes per turn in a round
 
 
 class _Plain(torch.utils.data.IterableDataset[Any]):
@@ -100,22 +105,62 @@ def _time_resume(dataset_cls: type, n: int, state: dict[str, Any]) -> float:
     return took
 
 
-def _time_batches(make: Callable[[], Iterator[Any]], batches: int) -> float:
-    iterator = make()
-    next(iterator)  # started
-    start = time.perf_counter()
-    for _ in range(batches):
-        next(iterator)
-    return (time.perf_counter() - start) / batches
+def _time_round(makers: dict[str, Callable[[], Iterator[Any]]], batches: int, first: int) -> dict[str, float]:
+    """Seconds per batch of each loader in one round: the loaders take turns in blocks of ``BLOCK`` batches
+    (the one that starts rotates with ``first``), so a change in the machine's load hits them alike."""
+    names = list(makers)
+    names = names[first % len(names):] + names[:first % len(names)]
+    iterators = {name: makers[name]() for name in names}
+    for iterator in iterators.values():
+        next(iterator)  # started
+    spent = dict.fromkeys(names, 0.0)
+    for _ in range(max(1, batches // BLOCK)):
+        for name in names:
+            iterator = iterators[name]
+            start = time.perf_counter()
+            for _ in range(BLOCK):
+                next(iterator)
+            spent[name] += time.perf_counter() - start
+    for iterator in iterators.values():
+        getattr(iterator, "close", lambda: None)()
+    return {name: took / (max(1, batches // BLOCK) * BLOCK) for name, took in spent.items()}
+
+
+def _wrapper_ns(calls: int = 200_000) -> float:
+    """Nanoseconds the training stream adds to each batch: its ``next()`` over a loader whose batches cost
+    nothing (one object, repeated) minus that loader's own ``next()``."""
+    loader = _FreeLoader()
+    stream = StreamOfPasses(loader, loader, seed_of_epoch=lambda epoch: epoch)
+    plain = iter(loader)
+    best = {"stream": float("inf"), "plain": float("inf")}
+    for _ in range(5):
+        for name, iterator in (("stream", stream), ("plain", plain)):
+            start = time.perf_counter()
+            for _ in range(calls):
+                next(iterator)
+            best[name] = min(best[name], (time.perf_counter() - start) / calls)
+    return (best["stream"] - best["plain"]) * 1e9
+
+
+class _FreeLoader:
+    """A loader whose batches cost nothing: one object, forever."""
+
+    generator = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.repeat(BATCH)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--near", type=int, default=1000)
     parser.add_argument("--deep", type=int, default=1_000_000)
     parser.add_argument("--batches", type=int, default=3000)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 rounds, positions 64/6400, 100 batches")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.near, args.deep, args.batches = 2, 64, 6400, BLOCK
     n = args.deep * 2
     resume: dict[str, dict[str, list[float]]] = {}
     for name, cls in (("state", _Stateful), ("replay", _Plain)):
@@ -126,16 +171,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for where, state in states.items():
                 times[where].append(_time_resume(cls, n, state))
         resume[name] = times
-    size = (args.batches + 10) * BATCH
+    size = ((max(1, args.batches // BLOCK) + 1) * BLOCK + 10) * BATCH
     makers: dict[str, Callable[[], Iterator[Any]]] = {
         "det": lambda: _stream(_Stateful(size)),
         "stateful": lambda: iter(stateful_loader(_Stateful(size), batch_size=BATCH, generator=torch.Generator())),
         "torch": lambda: iter(torch.utils.data.DataLoader(_Stateful(size), batch_size=BATCH)),
     }
     per_batch: dict[str, list[float]] = {name: [] for name in makers}
-    for _ in range(args.rounds):
-        for name, make in makers.items():
-            per_batch[name].append(_time_batches(make, args.batches))
+    for round_ in range(args.rounds):
+        for name, took in _time_round(makers, args.batches, round_).items():
+            per_batch[name].append(took)
     result = {
         "resume_s": {name: {where: statistics.median(t) for where, t in times.items()}
                      for name, times in resume.items()},
@@ -143,9 +188,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                   for name, t in resume.items()},
         "per_batch_us": {name: statistics.median(t) * 1e6 for name, t in per_batch.items()},
         "det_over_stateful": statistics.median(d / s for d, s in zip(per_batch["det"], per_batch["stateful"])),
+        "det_over_stateful_rounds": sorted(round(d / s, 3) for d, s in zip(per_batch["det"], per_batch["stateful"])),
         "det_over_torch": statistics.median(d / s for d, s in zip(per_batch["det"], per_batch["torch"])),
+        "stream_next_ns": _wrapper_ns(20_000 if args.quick else 200_000),
     }
     print(json.dumps(result, indent=1))
+    print(f"per batch, det / StatefulDataLoader (median of {args.rounds} per-round ratios): "
+          f"{result['det_over_stateful']:.3f}x; the stream's next() adds {result['stream_next_ns']:.0f} ns a batch")
     return result
 
 

@@ -19,6 +19,7 @@ from determined_trials.pytorch._callback import overrides_hook
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._trial import PyTorchTrial, evaluate_takes_batch_idx
 from determined_trials.pytorch.checkpoint._io import (
+    capture_rng,
     large_state_template,
     load_trial_state,
     save_trial_state,
@@ -67,6 +68,7 @@ class PyTorchAdapter(BatchLoop):
         self.sharded_save = self._sharded  # FSDP2: every rank saves its shard of one DCP checkpoint
         self._validation_checked = False
         self._positions = StreamPositions()  # a stream's per-rank positions, saved among the callbacks' state
+        self._rank_rngs: list[Any] | None = None  # every rank's RNG states, gathered before each checkpoint
 
     # -- the adapter interface -----------------------------------------------------------------
 
@@ -125,9 +127,18 @@ class PyTorchAdapter(BatchLoop):
             )
 
     def prepare_checkpoint(self) -> None:
-        """On every rank before a checkpoint: gather the ranks' stream positions (one allgather, streams only)."""
-        if isinstance(self._stream, StreamOfPasses):
-            self._positions.ranks = allgather(self._dist, self._stream.state_dict())
+        """On every rank before a checkpoint, in one allgather: the ranks' stream positions (on a stream) and,
+        on several ranks unless FSDP2 saves them per rank, their RNG states (which drift apart when the ranks
+        draw different amounts, e.g. dropout over batches of different sizes)."""
+        stream = isinstance(self._stream, StreamOfPasses)
+        rngs = self._dist.get_size() > 1 and not self.sharded_save
+        if not (stream or rngs):
+            return
+        gathered = allgather(self._dist, (self._stream.state_dict() if stream else None,
+                                          capture_rng() if rngs else None))
+        if stream:
+            self._positions.ranks = [position for position, _ in gathered]
+        self._rank_rngs = [rng for _, rng in gathered] if rngs else None
 
     def batch_metrics(self) -> list[dict[str, Any]]:
         """The last workload's per-batch metrics, averaged across ranks; [] unless a callback opted in."""
@@ -178,7 +189,7 @@ class PyTorchAdapter(BatchLoop):
         elif self._host_buffers.pinned:  # the last checkpoint of a GPU state: pinned copies beat torch.save's
             save_trial_state(path, self._trial, self._context, self._hooks, self.snapshot())
         else:
-            save_trial_state(path, self._trial, self._context, self._hooks)
+            save_trial_state(path, self._trial, self._context, self._hooks, rank_rngs=self._rank_rngs)
 
     def start_sharded_save(self, path: Path) -> Any:
         """On every rank (FSDP2): start writing this rank's shard into ``path`` in the background
@@ -209,7 +220,7 @@ class PyTorchAdapter(BatchLoop):
         """On the training thread: a host-memory copy of everything ``save`` writes, into the prepared
         host buffers or the previous snapshot's (the loop calls it only once that one is written)."""
         snapshot = snapshot_trial_state(self._trial, self._context, self._hooks, copy=True,
-                                        reuse=self._host_buffers.take())
+                                        reuse=self._host_buffers.take(), rank_rngs=self._rank_rngs)
         self._host_buffers.keep(snapshot["state"])
         return snapshot
 

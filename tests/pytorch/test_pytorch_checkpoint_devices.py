@@ -1,6 +1,7 @@
 """Checkpoints and devices, proven on the CPU: the state file is read into host memory whatever the
 model's device (RNG states must stay there), a checkpoint written on a GPU resumes on a CPU-only
-machine bitwise, and CUDA RNG states are restored on every device when the counts match."""
+machine bitwise, and CUDA RNG states are restored on every device when the counts match; each rank resumes
+with its own RNG states when the checkpoint holds every rank's (written by as many ranks), else the chief's."""
 
 from __future__ import annotations
 
@@ -173,6 +174,15 @@ def test_restore_rng_reads_states_that_are_not_on_the_host() -> None:
     assert torch.equal(torch.rand(3), expected[0])
     assert np.array_equal(np.random.rand(3), expected[1])
     assert random.random() == expected[2]
+
+
+def test_each_rank_resumes_with_its_own_rng_state_when_the_world_size_matches() -> None:
+    chief, other = io.capture_rng(), (torch.rand(1), io.capture_rng())[1]
+    checkpoint = {"rng_state": chief, "rank_rng_states": [chief, other]}
+    assert io.own_rng_state(checkpoint, 1, 2) is other
+    assert io.own_rng_state(checkpoint, 0, 2) is chief
+    assert io.own_rng_state(checkpoint, 1, 3) is chief  # written by 2 ranks, resumed on 3: the chief's
+    assert io.own_rng_state({"rng_state": chief}, 1, 2) is chief  # one process (or an older checkpoint)
 
 
 class _Remote(torch.Tensor):

@@ -5,6 +5,7 @@ read disjoint parts covering the epoch; lengths in epochs are errors before the 
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from trials_stream import SHARD_SIZES, StreamTrial, make_stream, write_shards
 
 from determined_trials import pytorch
 from determined_trials.pytorch import Batch, Epoch, Record
+from determined_trials.pytorch.data._iterable import STREAM_POSITIONS, StreamPositions
 from determined_trials.pytorch.data._loader import StreamReplayWarning
 
 pytestmark = pytest.mark.usefixtures("cpu_device")
@@ -99,6 +101,62 @@ def test_ranks_and_workers_read_disjoint_parts_covering_the_epoch(data_dir: str,
     assert len(set(parts[0])) == len(parts[0]) and len(set(parts[1])) == len(parts[1])
     assert not set(parts[0]) & set(parts[1])
     assert sorted(parts[0] + parts[1]) == list(range(TOTAL))
+
+
+def test_a_position_saved_on_another_number_of_ranks_restarts_the_earliest_epoch(
+        data_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+    saved = []
+    for rank in range(2):  # whole shards: parts of 20 and 22 records, passes of 5 and 6 batches
+        with pytorch.DataLoader(make_stream("hf", data_dir), batch_size=4).build_training_stream(
+                seed=1, rank=rank, num_replicas=2) as stream:
+            for _ in range(6):
+                next(stream)
+            saved.append(stream.state_dict())
+    assert [(p["epoch"], p["in_epoch"]) for p in saved] == [(1, 1), (0, 6)]
+    positions = StreamPositions()
+    positions.on_checkpoint_load_start({"callbacks": {STREAM_POSITIONS: {"ranks": saved}}})
+    with pytorch.DataLoader(make_stream("hf", data_dir), batch_size=4).build_training_stream(
+            seed=1, start_batch=6) as stream:
+        positions.resume(stream, 0, 1)
+        records: list[int] = []
+        while not records or stream.epoch_idx == 0:
+            records += next(stream)["i"].tolist()
+    assert records[:-4] == list(range(TOTAL))  # epoch 0 again, whole: nothing lost (then epoch 1's first batch)
+    assert stream.position == 6 + 11 + 1
+    assert "saved on 2 rank(s) and this run has 1" in caplog.text and "starts epoch 0 from its beginning" in caplog.text
+
+
+@pytest.mark.parametrize(("workers", "steps", "new_world", "exact"), [
+    (0, 3, 1, True), (0, 3, 3, True),  # every reader read its records below one index: merged
+    (2, 4, 3, True),  # 2 batches per worker: the same
+    (2, 3, 1, False),  # one worker of each rank read a batch more than the other: no prefix, the epoch restarts
+])
+def test_a_stream_that_merges_positions_goes_on_exactly_on_another_number_of_ranks(
+        data_dir: str, caplog: pytest.LogCaptureFixture, workers: int, steps: int, new_world: int,
+        exact: bool) -> None:
+    caplog.set_level(logging.INFO, logger="determined_trials.pytorch")
+    read: list[int] = []
+    saved = []
+    for rank in range(2):
+        loader = pytorch.DataLoader(make_stream("user", data_dir), batch_size=4, num_workers=workers)
+        with loader.build_training_stream(seed=1, rank=rank, num_replicas=2) as stream:
+            for _ in range(steps):
+                read += next(stream)["i"].tolist()
+            saved.append(stream.state_dict())
+    for rank in range(new_world):
+        positions = StreamPositions()
+        positions.on_checkpoint_load_start({"callbacks": {STREAM_POSITIONS: {"ranks": saved}}})
+        loader = pytorch.DataLoader(make_stream("user", data_dir), batch_size=4, num_workers=workers)
+        with loader.build_training_stream(seed=1, rank=rank, num_replicas=new_world, start_batch=steps) as stream:
+            positions.resume(stream, rank, new_world)
+            while (batch := next(stream)) is not None and stream.epoch_idx == 0:
+                read += batch["i"].tolist()
+        assert batch["i"][0] == rank * max(workers, 1)  # the next pass starts at its beginning
+    if exact:  # each record of the epoch read once, before or after the change
+        assert sorted(read) == list(range(TOTAL)) and "merged the ranks' positions" in caplog.text
+    else:  # the records read before the stop are read again, nothing is lost
+        assert sorted(set(read)) == list(range(TOTAL)) and len(read) == TOTAL + 2 * steps * 4
+        assert "starts epoch 0 from its beginning" in caplog.text
 
 
 @pytest.mark.parametrize(("fit_kwargs", "needle"), [

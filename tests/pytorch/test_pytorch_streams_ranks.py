@@ -1,7 +1,9 @@
-"""Streams on 2 ranks through the launcher (torchrun, gloo on loopback): an uninterrupted launch, and a launch
-stopped mid-epoch (SIGTERM through the launcher; the test takes a stop request too) then resumed from "latest", see the same
-records on every rank and end with bitwise-equal weights; the ranks' parts of the stream are disjoint and
-differ in length (passes end at different steps), and validation over them ends on both ranks."""
+"""Streams on 2 ranks through the launcher (torchrun, gloo on loopback) with 2 data-loader workers each: an
+uninterrupted launch, and a launch stopped mid-epoch (SIGTERM through the launcher; the test takes a stop request
+too) then resumed from "latest", see the same records on every rank and end with bitwise-equal weights; the ranks'
+parts of the stream are disjoint and differ in length (passes end at different steps), and validation over them
+ends on both ranks. The stop comes after the ranks' batches differed in size, so their dropout RNGs had drifted
+apart: each rank must resume with its own RNG state, not rank 0's."""
 
 from __future__ import annotations
 
@@ -17,13 +19,15 @@ import pytest
 import torch
 from helpers_paths import SUPPORT
 from trials_pytorch import assert_same_state
-from trials_stream import SHARD_SIZES, write_shards
+from trials_stream import write_shards
 
 import determined_trials as det
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
 BATCHES = 14
+SIZES = (9, 10, 11, 16)  # rank 0 reads shards 0 and 2, rank 1 shards 1 and 3 (split_dataset_by_node)
+FLAG_BATCH = 6  # the SIGTERM comes after batch 4, where the ranks' batches hold 1 and 2 records
 SEEN = re.compile(r"^rank (\d) seen (\d+) (\d+) (\[.*\])$")
 
 
@@ -77,10 +81,10 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return {"model": state["models_state_dict"][0], "optimizer": state["optimizers_state_dict"][0]}
 
 
-@pytest.mark.parametrize(("kind", "workers", "stop"), [("hf", 0, "sigterm")])
+@pytest.mark.parametrize(("kind", "workers", "stop"), [("hf", 2, "sigterm")])
 def test_two_ranks_stop_and_resume_bitwise(tmp_path: Path, kind: str, workers: int, stop: str) -> None:
     data = tmp_path / "data"
-    write_shards(data)
+    write_shards(data, SIZES)
     base = {"kind": kind, "data_dir": str(data), "workers": workers}
     whole = _finish(_launch(_config(tmp_path, "whole.yaml", **base), tmp_path / "whole"), 0)
     reference = _seen(whole)
@@ -88,26 +92,27 @@ def test_two_ranks_stop_and_resume_bitwise(tmp_path: Path, kind: str, workers: i
         assert [b for _, b, _ in reference[rank]] == list(range(BATCHES)), whole[-3000:]
     first_pass = [[r for e, _, batch in reference[rank] if e == 0 for r in eval(batch)] for rank in (0, 1)]
     assert not set(first_pass[0]) & set(first_pass[1])  # disjoint parts covering the records
-    assert sorted(first_pass[0] + first_pass[1]) == list(range(sum(SHARD_SIZES)))
-    if kind == "hf":  # whole shards per rank: parts of 20 and 22 records, passes of 5 and 6 batches
-        assert [e for e, _, _ in reference[0]][5] == 1 and [e for e, _, _ in reference[1]][5] == 0
+    assert sorted(first_pass[0] + first_pass[1]) == list(range(sum(SIZES)))
+    if kind == "hf" and workers == 2:  # a shard per worker: passes of 3 + 3 and 3 + 4 batches (the last partial)
+        assert [e for e, _, _ in reference[0]][6] == 1 and [e for e, _, _ in reference[1]][6] == 0
+        assert len(eval(reference[0][4][2])) != len(eval(reference[1][4][2]))  # the dropout RNGs drift apart
 
     run_dir = tmp_path / "run"
     if stop == "sigterm":
         flag = tmp_path / "flag"
-        slow = _config(tmp_path, "slow.yaml", **base, flag_path=str(flag), batch_sleep=1.0)
+        slow = _config(tmp_path, "slow.yaml", **base, flag_path=str(flag), flag_batch=FLAG_BATCH, batch_sleep=1.0)
         proc = _launch(slow, run_dir)
         deadline = time.monotonic() + 240
         while not flag.exists():
             assert proc.poll() is None, proc.communicate()[0][-4000:]
-            assert time.monotonic() < deadline, "the launch never reached batch 3"
+            assert time.monotonic() < deadline, f"the launch never reached batch {FLAG_BATCH}"
             time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         first = _finish(proc, 75)
     else:
         first = _finish(_launch(_config(tmp_path, "stop.yaml", **base, stop_after=7), run_dir), 0)
     stopped = det.core.LocalStore(run_dir).checkpoints()[-1].steps_completed
-    assert 0 < stopped < BATCHES
+    assert 4 < stopped < BATCHES
     second = _finish(_launch(_config(tmp_path, "whole.yaml", **base), run_dir, "--latest-checkpoint", "latest"), 0)
     before, after = _seen(first), _seen(second)
     for rank in (0, 1):

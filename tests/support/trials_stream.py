@@ -19,11 +19,11 @@ StepMode = pytorch.LRScheduler.StepMode
 SHARD_SIZES = (9, 10, 11, 12)  # uneven: the ranks' parts differ in length
 
 
-def write_shards(folder: Path) -> list[str]:
-    """JSON-lines shards of records ``{"i": index}``; returns their paths."""
+def write_shards(folder: Path, sizes: tuple[int, ...] = SHARD_SIZES) -> list[str]:
+    """JSON-lines shards of ``sizes`` records ``{"i": index}``; returns their paths."""
     folder.mkdir(parents=True, exist_ok=True)
     paths, index = [], 0
-    for shard, size in enumerate(SHARD_SIZES):
+    for shard, size in enumerate(sizes):
         path = folder / f"shard{shard}.jsonl"
         path.write_text("".join(json.dumps({"i": index + k}) + "\n" for k in range(size)))
         paths.append(str(path))
@@ -38,8 +38,9 @@ def features(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class CountingStream(torch.utils.data.IterableDataset[Any]):
-    """A user's own stream of records ``{"i": k}``, k < n: it saves its position (``state_dict``), learns its
-    rank from ``set_shard`` and splits its rank's part among data-loader workers by ``get_worker_info()``."""
+    """A user's own stream of records ``{"i": k, "noise": u}``, k < n: it saves its position (``state_dict``),
+    learns its rank from ``set_shard`` and splits its rank's part among data-loader workers by
+    ``get_worker_info()``. ``u`` is an augmentation's draw from torch's global RNG, in whichever process reads."""
 
     def __init__(self, n: int) -> None:
         self.n, self.rank, self.world = n, 0, 1
@@ -48,13 +49,13 @@ class CountingStream(torch.utils.data.IterableDataset[Any]):
     def set_shard(self, rank: int, world_size: int) -> None:
         self.rank, self.world = rank, world_size
 
-    def __iter__(self) -> Iterator[dict[str, int]]:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         if not self._loaded:  # a new pass starts at 0; a loaded position is taken up once
             self.next_index = 0
         self._loaded = False
         return self._records()
 
-    def _records(self) -> Iterator[dict[str, int]]:
+    def _records(self) -> Iterator[dict[str, Any]]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         readers, me = self.world * workers, self.rank * workers + worker
@@ -62,13 +63,22 @@ class CountingStream(torch.utils.data.IterableDataset[Any]):
             k = self.next_index
             self.next_index += 1
             if k % readers == me:
-                yield {"i": k}
+                yield {"i": k, "noise": torch.rand(()) * 0.01}
 
     def state_dict(self) -> dict[str, int]:
         return {"next_index": self.next_index}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.next_index, self._loaded = state["next_index"], True
+
+    @staticmethod
+    def merge_state_dicts(states: list[dict[str, int]]) -> dict[str, int] | None:
+        """Reader j of R read records j, j + R, ... below its ``next_index``: when together they read every
+        record before the furthest one and none after, the pass goes on from there under any layout."""
+        readers, ends = len(states), [state["next_index"] for state in states]
+        upto = max(ends)
+        unread = [end + (j - end) % readers for j, end in enumerate(ends)]  # each reader's next record
+        return {"next_index": upto} if min(unread) >= upto else None
 
 
 class PlainStream(torch.utils.data.IterableDataset[Any]):
@@ -101,7 +111,7 @@ class StreamTrial(pytorch.PyTorchTrial):
                  epoch_scheduler: bool = False) -> None:
         self.context = context
         hp = context.get_hparams()
-        stop_after = hp.get("stop_after", stop_after)
+        stop_after, flag_batch = hp.get("stop_after", stop_after), hp.get("flag_batch", flag_batch)
         flag_path, batch_sleep = hp.get("flag_path", flag_path), hp.get("batch_sleep", batch_sleep)
         self.print = bool(hp.get("print", False))
         self.stop_after, self.flag_path, self.flag_batch, self.batch_sleep = stop_after, flag_path, flag_batch, batch_sleep
@@ -133,6 +143,8 @@ class StreamTrial(pytorch.PyTorchTrial):
             print(f"rank {self.context.distributed.get_rank()} seen {epoch_idx} {batch_idx} {index.tolist()}",
                   flush=True)
         x, y = features(index)
+        if "noise" in batch:
+            x = x + batch["noise"].unsqueeze(1)
         return train_step(self, nn.functional.mse_loss(self.model(x), y), batch_idx)
 
     def evaluate_batch(self, batch: Any) -> dict[str, Any]:

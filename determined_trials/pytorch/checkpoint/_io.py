@@ -42,6 +42,7 @@ __all__ = [
     "capture_rng",
     "large_state_template",
     "load_trial_state",
+    "own_rng_state",
     "restore_cuda_rng",
     "restore_rng",
     "save_trial_state",
@@ -115,10 +116,12 @@ def _host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.device.type == "cpu" else tensor.cpu()
 
 
-def build_state_dict(context: PyTorchTrialContext, hooks: HookRunner) -> dict[str, Any]:
+def build_state_dict(context: PyTorchTrialContext, hooks: HookRunner,
+                     rank_rngs: list[Any] | None = None) -> dict[str, Any]:
     """Everything resumable of a trial, as one dict; models under the keys of the user's modules
-    (no DDP ``module.`` or ``torch.compile`` ``_orig_mod.`` prefix)."""
-    return {
+    (no DDP ``module.`` or ``torch.compile`` ``_orig_mod.`` prefix). ``rank_rngs``: every rank's
+    ``capture_rng()`` in rank order (several ranks), saved as ``rank_rng_states``."""
+    state = {
         **large_state_template(context),
         "lr_schedulers_state_dict": [s.state_dict() for s in context.lr_schedulers],
         "scalers_state_dict": [s.state_dict() for s in context.scalers],
@@ -126,6 +129,19 @@ def build_state_dict(context: PyTorchTrialContext, hooks: HookRunner) -> dict[st
         "rng_state": capture_rng(),
         "pending_gradients": _pending_gradients(context),
     }
+    if rank_rngs is not None:
+        state["rank_rng_states"] = rank_rngs
+    return state
+
+
+def own_rng_state(checkpoint: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    """The RNG state this rank resumes with: its own when the checkpoint holds every rank's and was written
+    by as many ranks (the ranks' RNGs drift apart when they draw different amounts, e.g. dropout over
+    batches of different sizes), else the chief's."""
+    ranks = checkpoint.get("rank_rng_states")
+    if isinstance(ranks, list) and len(ranks) == world_size:
+        return ranks[rank]
+    return checkpoint["rng_state"]
 
 
 def large_state_template(context: PyTorchTrialContext) -> dict[str, Any]:
@@ -169,12 +185,12 @@ def state_nbytes(context: PyTorchTrialContext) -> int:
 
 
 def snapshot_trial_state(trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner,
-                         *, copy: bool, reuse: Any = None) -> dict[str, Any]:
+                         *, copy: bool, reuse: Any = None, rank_rngs: list[Any] | None = None) -> dict[str, Any]:
     """What ``write_trial_state`` writes; with ``copy`` every tensor is a host-memory copy, so training
     may go on mutating the models while a background writer serialises it (``reuse``: a finished
     snapshot's state, or prepared buffers, whose tensors may be overwritten). On CUDA the copies are
     queued on a side stream; ``write_trial_state`` waits for them."""
-    checkpoint = build_state_dict(context, hooks)
+    checkpoint = build_state_dict(context, hooks, rank_rngs)
     hooks.call("on_checkpoint_save_start", checkpoint)
     state, ready = copy_to_host(checkpoint, reuse, context.device) if copy else (checkpoint, None)
     return {"state": state, "ready": ready, "load_data": _load_data_json(trial, context, "PyTorchTrial")}
@@ -188,11 +204,11 @@ def write_trial_state(snapshot: dict[str, Any], path: Path) -> None:
 
 
 def save_trial_state(path: Path, trial: PyTorchTrial, context: PyTorchTrialContext, hooks: HookRunner,
-                     snapshot: dict[str, Any] | None = None) -> None:
+                     snapshot: dict[str, Any] | None = None, rank_rngs: list[Any] | None = None) -> None:
     """Write ``state_dict.pth`` and ``load_data.json`` into ``path`` now (chief only): ``snapshot``, or
-    the live state when None."""
+    the live state when None (with ``rank_rngs``, see ``build_state_dict``)."""
     if snapshot is None:
-        snapshot = snapshot_trial_state(trial, context, hooks, copy=False)
+        snapshot = snapshot_trial_state(trial, context, hooks, copy=False, rank_rngs=rank_rngs)
     write_trial_state(snapshot, path)
     hooks.call("on_checkpoint_end", str(path))
     hooks.call("on_checkpoint_write_end", str(path))
@@ -258,7 +274,7 @@ def load_trial_state(path: Path, context: PyTorchTrialContext, hooks: HookRunner
     _load_list("scaler", checkpoint.get("scalers_state_dict", []), context.scalers, path)
     hooks.load_state_dict(checkpoint.get("callbacks", {}))
     _restore_pending_gradients(checkpoint.get("pending_gradients", []), context.models)
-    restore_rng(checkpoint["rng_state"])
+    restore_rng(own_rng_state(checkpoint, context.distributed.get_rank(), context.distributed.get_size()))
 
 
 def load_models(checkpoint: dict[str, Any], models: list[torch.nn.Module], path: Path) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from determined_trials.pytorch.data._stream import StreamLifecycle, shutdown_loader_iterator
+from determined_trials.pytorch.data._worker_seeds import WorkerSeeded
 
 __all__ = ["STREAM_POSITIONS", "StreamOfPasses", "StreamPositions", "in_step", "stateful_loader"]
 
@@ -50,6 +51,9 @@ def stateful_loader(dataset: Any, **kwargs: Any) -> Any:
         return StatefulDataLoader(dataset, **kwargs)
 
 
+_IDLE: Iterator[Any] = iter(())  # an exhausted iterator: "no loader iterator", found on the slow path only
+
+
 class StreamOfPasses(StreamLifecycle):
     """One rank's training batches from a stream: when a pass runs out the next epoch starts a new one.
 
@@ -57,82 +61,121 @@ class StreamOfPasses(StreamLifecycle):
     batch ``next()`` returned last and ``position`` counts the batches taken. ``state_dict()`` is the
     position (epoch, batch in epoch, the loader's state); ``load_state_dict`` before the first ``next()``
     resumes there. A pass that yields no batch at all raises RuntimeError instead of spinning forever.
+    Per batch ``next()`` takes the loader's batch and counts it, nothing else: starting, ending and
+    resuming passes happen where the loader's iterator raises ``StopIteration``.
     """
 
     def __init__(self, loader: Any, dataset: Any, *, seed_of_epoch: Any, start_batch: int = 0) -> None:
         self._loader, self._dataset, self._seed_of_epoch = loader, dataset, seed_of_epoch
-        self._iterator: Any = None
+        self._iterator: Iterator[Any] = _IDLE
         self._closed = False
         self.epoch_len: int | None = None
-        self.position = start_batch
-        self._epoch = self._in_epoch = 0  # the next batch's epoch and index in it
         self.epoch_idx, self.batch_in_epoch = 0, -1
+        self._before_epoch = start_batch  # batches taken before this epoch's first (``position``'s base)
         self._set_epoch = getattr(dataset, "set_epoch", None)
+        self._handed_over = False  # a merged position handed to the workers (``continue_merged``)
 
     @property
     def loader(self) -> Any:
         """The ``StatefulDataLoader`` that loads the batches."""
         return self._loader
 
+    @property
+    def position(self) -> int:
+        """The batches taken so far (counting those before a resume)."""
+        return self._before_epoch + self.batch_in_epoch + 1
+
     def state_dict(self) -> dict[str, Any]:
         """This rank's position: the epoch, the batches taken in it and the loader's (workers') state."""
         loader_state = copy.deepcopy(self._loader.state_dict())  # the loader goes on changing its own
-        return {"epoch": self._epoch, "in_epoch": self._in_epoch, "loader": loader_state}
+        return {"epoch": self.epoch_idx, "in_epoch": self.batch_in_epoch + 1, "loader": loader_state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at a saved position (before the first ``next()``)."""
-        if self._iterator is not None:
+        if self._iterator is not _IDLE:
             raise RuntimeError("load_state_dict() must come before the stream's first batch")
-        self._epoch, self._in_epoch = int(state["epoch"]), int(state["in_epoch"])
-        self.epoch_idx, self.batch_in_epoch = self._epoch, self._in_epoch - 1
+        self._move_to(int(state["epoch"]), int(state["in_epoch"]))
         self._start_epoch()
         self._loader.load_state_dict(state["loader"])
 
     def start_at_epoch(self, epoch: int) -> None:
         """Start at the beginning of ``epoch`` (a position saved on another number of ranks)."""
-        self._epoch, self._in_epoch = epoch, 0
-        self.epoch_idx, self.batch_in_epoch = epoch, -1
+        self._move_to(epoch, 0)
+
+    @property
+    def dataset(self) -> Any:
+        """This rank's stream (the user's, or the harness's sharding wrapper)."""
+        return self._dataset
+
+    def continue_merged(self, epoch: int, in_epoch: int, stream_state: Any) -> None:
+        """Go on in ``epoch`` from ``stream_state``, a position merged from another number of ranks (before
+        the first ``next()``; the stream's readers here take it up, each with its own part)."""
+        self._move_to(epoch, in_epoch)
+        self._start_epoch()
+        loaded = self._loader.dataset
+        if isinstance(loaded, WorkerSeeded):  # workers: each loads it into its copy when it starts
+            loaded.hand_over(stream_state)
+            self._handed_over = True
+        else:  # this process reads: its next ``__iter__`` takes the state up
+            self._dataset.load_state_dict(stream_state)
+
+    def _move_to(self, epoch: int, in_epoch: int) -> None:
+        position = self.position
+        self.epoch_idx, self.batch_in_epoch = epoch, in_epoch - 1
+        self._before_epoch = position - in_epoch
+
+    def close(self) -> None:
+        super().close()
+        self._iterator = _IDLE
 
     def __iter__(self) -> StreamOfPasses:
         return self
 
     def __next__(self) -> Any:
-        for _attempt in range(2):
-            if self._iterator is None:
-                if self._closed:
-                    raise RuntimeError("this training stream was closed; build a new one to keep training")
-                if self._in_epoch == 0:
-                    self._start_epoch()
-                self._iterator = iter(self._loader)
-            try:
-                batch = next(self._iterator)
-            except StopIteration:
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            batch = self._next_pass()
+        self.batch_in_epoch += 1
+        return batch
+
+    def _next_pass(self) -> Any:
+        """The first batch of a new loader iterator: at the start, after a resume, or when a pass ran out."""
+        while True:
+            if self._iterator is not _IDLE:
                 self._end_pass()
+            if self._closed:
+                raise RuntimeError("this training stream was closed; build a new one to keep training")
+            if self.batch_in_epoch < 0:
+                self._start_epoch()
+            self._iterator = iter(self._loader)
+            if self._handed_over:  # the workers started with the merged position: later passes start at 0
+                self._loader.dataset.hand_over(None)
+                self._handed_over = False
+            try:
+                return next(self._iterator)
+            except StopIteration:
                 continue
-            self.position += 1
-            self.epoch_idx, self.batch_in_epoch = self._epoch, self._in_epoch
-            self._in_epoch += 1
-            return batch
-        raise AssertionError("unreachable")  # pragma: no cover - _end_pass raises on the second empty pass
 
     def _start_epoch(self) -> None:
         """Tell the stream its epoch and seed the workers' base seed from it."""
         if callable(self._set_epoch):
-            self._set_epoch(self._epoch)
+            self._set_epoch(self.epoch_idx)
         generator = self._loader.generator
         if isinstance(generator, torch.Generator):
-            generator.manual_seed(self._seed_of_epoch(self._epoch))
+            generator.manual_seed(self._seed_of_epoch(self.epoch_idx))
 
     def _end_pass(self) -> None:
-        iterator, self._iterator = self._iterator, None
+        iterator, self._iterator = self._iterator, _IDLE
         shutdown_loader_iterator(iterator)
-        if self._in_epoch == 0:
+        if self.batch_in_epoch < 0:
             raise RuntimeError(
                 f"the training stream ({type(self._dataset).__name__}) yielded no batch in a whole pass (epoch "
-                f"{self._epoch}): it is empty on this rank, shorter than one batch with drop_last=True, or a "
+                f"{self.epoch_idx}): it is empty on this rank, shorter than one batch with drop_last=True, or a "
                 "one-shot iterator that is exhausted (training would otherwise wait forever)"
             )
-        self._epoch, self._in_epoch = self._epoch + 1, 0
+        self._before_epoch += self.batch_in_epoch + 1
+        self.epoch_idx, self.batch_in_epoch = self.epoch_idx + 1, -1
 
 
 class StreamPositions:
@@ -152,8 +195,8 @@ class StreamPositions:
         self._restored = None if saved is None else saved.get("ranks")
 
     def resume(self, stream: StreamOfPasses, rank: int, world_size: int) -> None:
-        """Put ``stream`` at the position this rank saved (the start of the saved epoch on another number
-        of ranks, with a warning)."""
+        """Put ``stream`` at the position this rank saved; saved on another number of ranks, at the start of
+        the earliest epoch a saved rank was in (with a warning): nothing is lost, records read again."""
         saved, self._restored = self._restored, None
         if saved is None:
             if stream.position > 0:
@@ -163,13 +206,52 @@ class StreamPositions:
         if len(saved) == world_size:
             stream.load_state_dict(saved[rank])
             return
-        epoch = int(saved[0]["epoch"])
+        merged = merged_stream_state(stream.dataset, saved)
+        if merged is not None:
+            logger.info("the stream position was saved on %d rank(s) and this run has %d: the stream merged the "
+                        "ranks' positions (merge_state_dicts) and goes on from there", len(saved), world_size)
+            stream.continue_merged(int(saved[0]["epoch"]), min(int(p["in_epoch"]) for p in saved), merged)
+            return
+        epoch = min(int(position["epoch"]) for position in saved)
         logger.warning(
-            "the stream position was saved on %d rank(s) and this run has %d: each rank's part of the stream "
-            "differs, so every rank starts epoch %d from its beginning (records of that epoch read before the "
-            "stop are read again)", len(saved), world_size, epoch,
+            "the stream position was saved on %d rank(s) and this run has %d: a stream's saved position is a "
+            "position in its rank's part, and the parts differ with the number of ranks, so every rank starts "
+            "epoch %d from its beginning: no record is lost, but the records of that epoch (and of any later one "
+            "a rank had begun) read before the stop are read again (a stream with merge_state_dicts that can merge "
+            "the positions goes on exactly: see docs/data.md)",
+            len(saved), world_size, epoch,
         )
         stream.start_at_epoch(epoch)
+
+
+def merged_stream_state(dataset: Any, saved: list[Any]) -> Any:
+    """The state from which ``dataset`` goes on exactly after ``saved`` (the positions of a run on another
+    number of ranks): its class's ``merge_state_dicts`` applied to every reader's state (rank by rank, worker
+    by worker), when the ranks were in one epoch; None when that cannot be (and when the stream says so)."""
+    merge = getattr(type(dataset), "merge_state_dicts", None)  # the class's: not a wrapper's forwarding
+    if merge is None or len({int(position["epoch"]) for position in saved}) != 1:
+        return None
+    readers: list[Any] = []
+    for position in saved:
+        states = _reader_states(position["loader"])
+        if states is None:
+            return None
+        readers += states
+    return dataset.merge_state_dicts(readers)
+
+
+def _reader_states(loader: dict[str, Any]) -> list[Any] | None:
+    """The stream's state of each reader in a ``StatefulDataLoader`` state: the loading process's, or each
+    worker's (inside the ``WorkerSeeded`` wrapper's); None when one is missing or older than the last batch."""
+    snapshot = loader.get("_snapshot")
+    if snapshot is None:
+        states = [loader.get("dataset_state")]
+    elif loader.get("_steps_since_snapshot", 0):
+        return None
+    else:
+        workers = snapshot["_worker_snapshots"]
+        states = [(workers[f"worker_{i}"].get("dataset_state") or {}).get("stream") for i in range(len(workers))]
+    return None if any(state is None for state in states) else states
 
 
 def in_step(batches: Iterable[Any], every_rank_has: Callable[[bool], bool]) -> Iterator[Any]:

@@ -26,6 +26,7 @@ from determined_trials.pytorch.data._plan import (
 from determined_trials.pytorch.data._samplers import DistributedBatchSampler, RepeatBatchSampler, SkipBatchSampler
 from determined_trials.pytorch.data._shard import is_stateful, is_stream, shard_stream
 from determined_trials.pytorch.data._stream import PositionSeededDataset, StreamBatchSampler, TrainingStream
+from determined_trials.pytorch.data._worker_seeds import worker_seeded
 
 __all__ = ["DataLoader", "StreamReplayWarning", "ValidationLoader", "replay_warning", "require_opt_out"]
 
@@ -271,7 +272,8 @@ class DataLoader:
         if not is_stateful(self.dataset):
             warnings.warn(replay_warning(self.dataset), StreamReplayWarning, stacklevel=3)
         dataset = shard_stream(self.dataset, rank, num_replicas)
-        loader = stateful_loader(dataset, batch_size=self.batch_size, drop_last=self.drop_last,
+        loaded = worker_seeded(dataset, self.batch_size or 1) if self.num_workers > 0 else dataset
+        loader = stateful_loader(loaded, batch_size=self.batch_size, drop_last=self.drop_last,
                                  generator=torch.Generator(), **{**self._loader_args, "in_order": True})
         return StreamOfPasses(loader, dataset, seed_of_epoch=lambda epoch: _seed_value(seed, rank, epoch),
                               start_batch=start_batch)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.utils.data
 
-__all__ = ["EveryNth", "is_hf_stream", "is_stateful", "is_stream", "shard_stream"]
+__all__ = ["CountedPass", "EveryNth", "SavesCount", "is_hf_stream", "is_stateful", "is_stream", "shard_stream"]
 
 
 def is_stream(dataset: Any) -> bool:
@@ -49,25 +49,55 @@ def shard_stream(dataset: Any, rank: int, world_size: int) -> Any:
     return _every_nth(dataset, rank, world_size)
 
 
-class EveryNth(torch.utils.data.IterableDataset[Any]):
-    """Records ``rank``, ``rank + n``, ``rank + 2n``, ... of ``dataset`` (a stream that cannot shard itself).
-    Saves its position when the stream does: the stream's state plus the records read since the last kept one."""
+class CountedPass(torch.utils.data.IterableDataset[Any]):
+    """A stream wrapper that counts in ``_count`` what it read in the current pass; a count loaded into it
+    (``SavesCount``) is taken up by the next pass instead of 0."""
 
-    def __init__(self, dataset: Any, rank: int, world_size: int) -> None:
-        self.dataset, self._rank, self._n = dataset, rank, world_size
-        self._read = 0  # records read in this pass, modulo n
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self._count = 0
         self._restored = False  # a loaded position: the next pass goes on from it
 
-    def __iter__(self) -> Iterator[Any]:
-        if not self._restored:  # decided now, not at the first record: a pass may end before it starts
-            self._read = 0
+    def _begin_pass(self) -> None:
+        """Call in ``__iter__`` (not at the first record: a pass may end before it starts)."""
+        if not self._restored:
+            self._count = 0
         self._restored = False
+
+
+class SavesCount:
+    """``state_dict``/``load_state_dict`` of a ``CountedPass`` over a stream that saves its position: the
+    stream's state and the wrapper's count."""
+
+    dataset: Any
+    _count: int
+    _restored: bool
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stream": self.dataset.state_dict(), "count": self._count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state["stream"])
+        self._count, self._restored = int(state["count"]), True
+
+
+class EveryNth(CountedPass):
+    """Records ``rank``, ``rank + n``, ``rank + 2n``, ... of ``dataset`` (a stream that cannot shard itself).
+    Saves its position when the stream does: the stream's state plus the records read since the last kept one
+    (``_count``, modulo n)."""
+
+    def __init__(self, dataset: Any, rank: int, world_size: int) -> None:
+        super().__init__(dataset)
+        self._rank, self._n = rank, world_size
+
+    def __iter__(self) -> Iterator[Any]:
+        self._begin_pass()
         return self._records(iter(self.dataset))
 
     def _records(self, records: Iterator[Any]) -> Iterator[Any]:
         rank, n = self._rank, self._n
         for record in records:
-            index, self._read = self._read, (self._read + 1) % n
+            index, self._count = self._count, (self._count + 1) % n
             if index == rank:
                 yield record
 
@@ -84,15 +114,8 @@ class EveryNth(torch.utils.data.IterableDataset[Any]):
         return getattr(inner, name)
 
 
-class _StatefulEveryNth(EveryNth):
+class _StatefulEveryNth(SavesCount, EveryNth):
     """``EveryNth`` over a stream that saves its position."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"stream": self.dataset.state_dict(), "read": self._read}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.dataset.load_state_dict(state["stream"])
-        self._read, self._restored = int(state["read"]), True
 
 
 def _every_nth(dataset: Any, rank: int, world_size: int) -> EveryNth:

@@ -14,10 +14,12 @@ import torch.utils.data
 
 from determined_trials.pytorch.data._plan import Plan, worker_seed_words
 
-__all__ = ["PositionSeededDataset", "StreamBatchSampler", "TrainingStream", "shutdown_loader_iterator"]
+__all__ = [
+    "PositionSeededDataset", "StreamBatchSampler", "TrainingStream", "seed_process_rngs", "shutdown_loader_iterator",
+]
 
 
-def _seed_process_rngs(seed: int, position: int, rank: int) -> None:
+def seed_process_rngs(seed: int, position: int, rank: int) -> None:
     """Seed ``random``, ``numpy.random`` and ``torch`` of this (worker) process for one global batch."""
     words = worker_seed_words(seed, position, rank)
     random.seed(int(words[0]) << 32 | int(words[1]))
@@ -44,7 +46,7 @@ class PositionSeededDataset(torch.utils.data.Dataset[Any]):
 
     def __getitems__(self, item: tuple[int, list[int]]) -> list[Any]:
         position, indices = item
-        _seed_process_rngs(self.seed, position, self.rank)
+        seed_process_rngs(self.seed, position, self.rank)
         getitems = getattr(self.dataset, "__getitems__", None)
         if getitems is not None:
             return list(getitems(indices))
