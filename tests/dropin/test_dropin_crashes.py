@@ -238,7 +238,11 @@ def _with_key(section: str, key: str) -> dict[str, Any]:
         return conf
     where, _, kind = section.partition(".")
     if where == "searcher":
-        extra = {"max_trials": 2} if kind in ("random", "adaptive_asha") else {}
+        extra: dict[str, Any] = {"max_trials": 2} if kind in ("random", "adaptive_asha") else {}
+        if kind == "pbt":  # its required keys; max_length 10 = num_rounds x length_per_round
+            extra = {"population_size": 2, "num_rounds": 2, "length_per_round": 5,
+                     "replace_function": {"truncate_fraction": 0.5},
+                     "explore_function": {"resample_probability": 0.2, "perturb_factor": 0.2}}
         conf["searcher"] = {"name": kind, "metric": "loss", "max_length": 10, **extra}
         conf["searcher"].setdefault(key, None)
         return conf
