@@ -202,4 +202,7 @@ def driving(cluster: LocalRayCluster) -> Iterator[LocalRayCluster]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+    deadline = time.monotonic() + 30  # SIGKILLed processes may take a moment to leave the process table
+    while cluster.leftovers() and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert cluster.leftovers() == []
