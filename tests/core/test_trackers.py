@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from helpers_experiment import SCRIPT, create
 from helpers_paths import SUPPORT
-from helpers_trackers import Relay, free_port, mlflow_server, mlflow_steps, wandb_records, wandb_steps
+from helpers_trackers import Relay, free_port, mlflow_server, mlflow_steps, wait_stopped, wandb_records, wandb_steps
 
 import determined_trials as det
 from determined_trials.cli.main import main
@@ -134,6 +134,10 @@ def test_a_resumed_trial_continues_the_same_runs_with_no_step_twice(server: str,
     records = wandb_records(tmp_path / "wandb" / "wandb", first["wandb"]["run_id"])
     assert wandb_steps(records, "training/loss") == expected
     assert [r.exit.exit_code for r in records if r.WhichOneof("record_type") == "exit"] == [1, 0]
+    uuids = [c.uuid for c in store.checkpoints(trial_id=1)]  # steps 2, 4, 6: each recorded once, 2 not again
+    assert [run["checkpoints"] for run in store.tracker_runs(1).values()] == [uuids, uuids]
+    assert [json.loads(u.value_json) for r in records if r.WhichOneof("record_type") == "summary"
+            for u in r.summary.update if u.key == "det.latest_checkpoint"] == uuids
 
 
 @pytest.mark.usefixtures("cpu_device")
@@ -232,9 +236,11 @@ def test_an_experiment_keeps_one_run_through_a_kill_9_and_a_pause(server: str, t
             time.sleep(0.02)
         (first,) = list(pids.iterdir())
         os.kill(int(first.name), signal.SIGSTOP)  # frozen, then killed: what it stored after its checkpoint is lost
-        latest = store.latest_checkpoint(1)
-        assert latest is not None
-        lost = [m for m in store.metrics(1, "training") if m.steps_completed > latest.steps_completed]
+        wait_stopped(int(first.name))  # kill() returns before the stop takes: it may still store a checkpoint
+        first_rows = store.metrics(1, "training")
+        # a checkpoint published but not yet recorded when it froze is recorded by the restart, which resumes from it
+        first_checkpoints = {c.uuid for c in store.checkpoints(trial_id=1)} | set(store.pending_checkpoints(1))
+        assert first_checkpoints
         os.kill(int(first.name), signal.SIGKILL)
         while len(list(pids.iterdir())) < 2 or len(store.metrics(1, "training")) < 8:
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "create.out").read_text()
@@ -252,7 +258,12 @@ def test_an_experiment_keeps_one_run_through_a_kill_9_and_a_pause(server: str, t
     assert _run(server, run_id).info.status == "FINISHED"
     rows = [(m.steps_completed, float(m.metrics["w"])) for m in store.metrics(1, "training")]
     assert [s for s, _ in rows] == list(range(1, 15))
-    assert len(store.metrics(1, "training", include_superseded=True)) == 14 + len(lost)  # kept for audit only
+    resumed_from = max(c.steps_completed for c in store.checkpoints(trial_id=1, include_deleted=True)
+                       if c.uuid in first_checkpoints)
+    lost = [m.id for m in first_rows if m.steps_completed > resumed_from]
+    every_row = store.metrics(1, "training", include_superseded=True)  # what the restart took back: kept for audit
+    assert [m.id for m in every_row if m.superseded_time is not None] == lost
+    assert len(every_row) == 14 + len(lost)
     assert mlflow_steps(server, run_id, "training/w") == rows
 
 

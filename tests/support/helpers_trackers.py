@@ -9,6 +9,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Relay", "free_port", "mlflow_server", "mlflow_steps", "wandb_records", "wandb_steps"]
+__all__ = ["Relay", "free_port", "mlflow_server", "mlflow_steps", "wait_stopped", "wandb_records", "wandb_steps"]
 
 
 def free_port() -> int:
@@ -142,7 +143,14 @@ def wandb_records(folder: Path, run_id: str) -> list[Any]:
     """Every record of the run's offline ``.wandb`` files under ``folder`` (one file per attempt), oldest first."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    paths = sorted(set(glob.glob(str(folder / f"offline-run-*-{run_id}" / f"run-{run_id}.wandb"))))
+    # wandb names a folder offline-run-<second>-<id>, adding -1, -2... when two attempts start in one second
+    pattern = re.compile(rf"offline-run-(\d{{8}}_\d{{6}})-{re.escape(run_id)}(?:-(\d+))?$")
+    found = []
+    for path in glob.glob(str(folder / f"offline-run-*-{run_id}*" / f"run-{run_id}.wandb")):
+        match = pattern.match(Path(path).parent.name)
+        if match:
+            found.append((match.group(1), int(match.group(2) or 0), path))
+    paths = [path for *_, path in sorted(found)]
     out = []
     for path in paths:
         data = Path(path).read_bytes()
@@ -178,3 +186,15 @@ def wandb_steps(records: list[Any], key: str) -> list[tuple[int, float]]:
         if key in items:
             out.append((int(items["_step"]), float(items[key])))
     return out
+
+
+def wait_stopped(pid: int, timeout_s: float = 60.0) -> None:
+    """Wait until process ``pid`` is in the stopped state (``T`` in ``/proc/<pid>/stat``) after a SIGSTOP."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rindex(")") + 2] in "tT":
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not stop within {timeout_s} s"
+        time.sleep(0.01)
+

@@ -19,7 +19,7 @@ __all__ = ["ALLOWED_METHODS", "ChannelToken", "StoreChannelServer"]
 
 # What a trial process may call: the Core API's writes and the few reads trials make.
 ALLOWED_METHODS = frozenset({
-    "add_checkpoint", "add_metrics", "add_metrics_reports", "best_validation", "checkpoints",
+    "add_checkpoint", "add_metrics", "add_tracker_checkpoint", "add_metrics_reports", "best_validation", "checkpoints",
     "drop_pending_checkpoint", "experiment", "final_metrics",
     "get_trial_metadata", "latest_checkpoint", "mark_checkpoint_deleted", "metrics", "pending_checkpoints",
     "record_searcher_op", "searcher_ops",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 __all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "connect", "ensure_schema"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_S = 60.0
 
 # Columns added after a table was first released: (table, column, declaration). A file written by an older
@@ -18,6 +18,7 @@ _ADDED_COLUMNS: list[tuple[str, str, str]] = [
     ("trials", "parent_checkpoint", "TEXT"),  # that checkpoint's uuid,
     ("trials", "search_round", "INTEGER"),  # and the round (from 1) it started in
     ("metrics", "superseded_time", "REAL"),
+    ("tracker_runs", "checkpoints_forwarded", "TEXT NOT NULL DEFAULT '[]'"),  # uuids the tracker has recorded
 ]
 
 # The state columns hold ``_states``' values; their defaults are the first states (tests/test_states.py checks).
@@ -96,6 +97,7 @@ CREATE TABLE IF NOT EXISTS tracker_runs (
     run_id       TEXT NOT NULL,
     url          TEXT,
     forwarded_id INTEGER NOT NULL DEFAULT 0,
+    checkpoints_forwarded TEXT NOT NULL DEFAULT '[]',
     PRIMARY KEY (trial_id, tracker)
 );
 """

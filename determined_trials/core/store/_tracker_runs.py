@@ -1,8 +1,10 @@
 """The store's record of each trial's run in an experiment tracker (MLflow, W&B): the run id every attempt of
-the trial resumes into, its link, how far the trial's metric rows have been forwarded, and which rows are final."""
+the trial resumes into, its link, how far the trial's metric rows have been forwarded, the checkpoints it has
+recorded, and which rows are final."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from determined_trials.core.store import _records as _rec
@@ -17,18 +19,17 @@ class TrackerRuns(StoreConnection):
     """Tracker runs of trials (one per trial and tracker) and the metric rows ready to forward to them."""
 
     def tracker_run(self, trial_id: int, tracker: str) -> dict[str, Any] | None:
-        """``{"run_id", "url", "forwarded_id"}`` of the trial's run in ``tracker``, or ``None`` before one exists."""
-        rows = self._read("SELECT run_id, url, forwarded_id FROM tracker_runs WHERE trial_id = ? AND tracker = ?",
+        """``{"run_id", "url", "forwarded_id", "checkpoints"}`` of the trial's run in ``tracker`` (``checkpoints``:
+        the uuids it has recorded), or ``None`` before one exists."""
+        rows = self._read(f"SELECT {_COLUMNS} FROM tracker_runs WHERE trial_id = ? AND tracker = ?",
                           (int(trial_id), str(tracker)))
-        return None if not rows else {"run_id": rows[0]["run_id"], "url": rows[0]["url"],
-                                      "forwarded_id": int(rows[0]["forwarded_id"])}
+        return _run_from_row(rows[0]) if rows else None
 
     def tracker_runs(self, trial_id: int) -> dict[str, dict[str, Any]]:
-        """Every tracker's run of the trial: tracker name -> ``{"run_id", "url", "forwarded_id"}``."""
-        rows = self._read("SELECT tracker, run_id, url, forwarded_id FROM tracker_runs WHERE trial_id = ? "
-                          "ORDER BY tracker", (int(trial_id),))
-        return {r["tracker"]: {"run_id": r["run_id"], "url": r["url"], "forwarded_id": int(r["forwarded_id"])}
-                for r in rows}
+        """Every tracker's run of the trial: tracker name -> the dict ``tracker_run`` returns."""
+        rows = self._read(f"SELECT tracker, {_COLUMNS} FROM tracker_runs WHERE trial_id = ? ORDER BY tracker",
+                          (int(trial_id),))
+        return {r["tracker"]: _run_from_row(r) for r in rows}
 
     def set_tracker_run(self, trial_id: int, tracker: str, run_id: str, url: str | None = None) -> None:
         """Record the trial's run in ``tracker`` (its forwarding watermark is kept when the run is known)."""
@@ -47,6 +48,18 @@ class TrackerRuns(StoreConnection):
             (int(metric_id), int(trial_id), str(tracker)),
         )
 
+    def add_tracker_checkpoint(self, trial_id: int, tracker: str, uuid: str) -> None:
+        """``tracker``'s run has recorded checkpoint ``uuid`` (a later process of the trial does not record it
+        again). Only the chief rank's forwarder writes this, so reading then writing the list is safe."""
+        known = self.tracker_run(trial_id, tracker)
+        if known is None or uuid in known["checkpoints"]:
+            return
+        self._update(
+            "tracker run", (trial_id, tracker),
+            "UPDATE tracker_runs SET checkpoints_forwarded = ? WHERE trial_id = ? AND tracker = ?",
+            (json.dumps([*known["checkpoints"], str(uuid)]), int(trial_id), str(tracker)),
+        )
+
     def final_metrics(self, trial_id: int, after_id: int, *, ended: bool, limit: int = 1000) -> list[MetricRecord]:
         """The trial's metric rows after row ``after_id`` that no restart can take back, in report order: those
         a completed checkpoint covers (steps at most its steps) or, once the trial has ``ended``, all of them;
@@ -61,3 +74,11 @@ class TrackerRuns(StoreConnection):
                           "ORDER BY id LIMIT ?",
                           (*params, int(limit)))
         return [_rec.metric_from_row(r) for r in rows]
+
+
+_COLUMNS = "run_id, url, forwarded_id, checkpoints_forwarded"
+
+
+def _run_from_row(row: Any) -> dict[str, Any]:
+    return {"run_id": row["run_id"], "url": row["url"], "forwarded_id": int(row["forwarded_id"]),
+            "checkpoints": list(json.loads(row["checkpoints_forwarded"]))}

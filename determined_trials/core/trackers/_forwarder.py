@@ -28,7 +28,8 @@ _BATCH_ROWS = 500
 
 
 class _Run:
-    """One sink's progress in this process: its run id once attached, the watermark, checkpoints sent."""
+    """One sink's progress: its run id once attached, the metric watermark, the checkpoints it has recorded (all
+    three kept in the store, so a later process of the trial starts where this one stopped)."""
 
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
@@ -129,6 +130,7 @@ class TrackerForwarder:
         if url != known["url"]:
             self._store.set_tracker_run(self._trial_id, run.sink.name, known["run_id"], url)
         run.run_id, run.forwarded = known["run_id"], int(known["forwarded_id"])
+        run.checkpoints = set(known["checkpoints"])
 
     def _send_rows(self, run: _Run, *, ended: bool) -> None:
         while True:
@@ -146,4 +148,5 @@ class TrackerForwarder:
         for checkpoint in self._store.checkpoints(trial_id=self._trial_id):
             if checkpoint.uuid not in run.checkpoints:
                 run.sink.record_checkpoint(checkpoint)
+                self._store.add_tracker_checkpoint(self._trial_id, run.sink.name, checkpoint.uuid)
                 run.checkpoints.add(checkpoint.uuid)
