@@ -340,3 +340,24 @@ def test_dispatching_a_pytorch_trial_imports_no_tensorflow(tmp_path: Path) -> No
     """)
     assert "determined_trials.pytorch._trial" in loaded
     assert not {m.split(".")[0] for m in loaded} & {"tensorflow", "keras"}
+
+
+def _imported_test_modules(source: str) -> list[str]:
+    """The ``test_*`` modules a test file's source imports (at any depth)."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return [name for name in names if name.split(".")[-1].startswith("test_")]
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in tests/support: a test file importing another runs only when pytest happened to
+    put that file's folder on sys.path (a folder run alone fails), and runs the other's module code."""
+    tests = Path(__file__).parent
+    assert _imported_test_modules("from test_x import y\nimport os\ndef f():\n    import test_y\n") == ["test_x", "test_y"]
+    offenders = {str(path.relative_to(tests)): found for path in sorted(tests.rglob("test_*.py"))
+                 if (found := _imported_test_modules(path.read_text()))}
+    assert offenders == {}

@@ -6,17 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers_experiment import create, make_context, start_runner
+from helpers_experiment import DET_TRIALS, create, make_context, start_runner
 
 from determined_trials import __version__
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore
-
-DET_TRIALS = [sys.executable, "-m", "determined_trials.cli.main"]
 
 
 @pytest.fixture(scope="module")

@@ -6,19 +6,17 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers_experiment import create, final_states, make_context
+from helpers_experiment import DET_TRIALS, create, final_states, make_context
 
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.usefixtures("cpu_device")]
 
-DET_TRIALS = [sys.executable, "-m", "determined_trials.cli.main"]
 _HPARAMS = {"lr": {"type": "categorical", "vals": [0.2, 0.6]}, "sleep": 0.05, "ckpt_every": 5}
 _SEARCHER = {"name": "grid", "metric": "loss", "max_length": 12}
 

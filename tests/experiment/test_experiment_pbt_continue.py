@@ -6,21 +6,19 @@ Also: a trial the runner creates is in its saved state before its process starts
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_experiment import kill_runner, make_context
+from helpers_experiment import DET_TRIALS, kill_runner, make_context
 
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore
 from determined_trials.experiment._report import Display
 
 LENGTH = 3  # per round
-DET_TRIALS = [sys.executable, "-m", "determined_trials.cli.main"]
 
 
 def _first_loaded(run_dir: Path, trial_id: int) -> str | None:

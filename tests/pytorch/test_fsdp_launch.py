@@ -11,69 +11,22 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers_paths import REPO
+from helpers_fsdp_example import BATCHES, EXAMPLE, dcp_tensors, fsdp_config, last_checkpoint
 
 import determined_trials as det
 from determined_trials.cli.main import main as cli_main
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
-EXAMPLE = REPO / "examples" / "fsdp_mlp"
-BATCHES = 16
-
-
-def _config(folder: Path, name: str, **hparams: object) -> Path:
-    hp = {"global_batch_size": 16, "lr": 0.01, "width": 16, "depth": 2, "clip": 1.0, **hparams}
-    path = folder / name
-    path.write_text(textwrap.dedent(f"""
-        name: fsdp
-        entrypoint: model_def:FSDPMLPTrial
-        hyperparameters: {hp!r}
-        searcher: {{name: single, metric: validation_loss, max_length: {{batches: {BATCHES}}}}}
-        min_validation_period: {{batches: 8}}
-        min_checkpoint_period: {{batches: 4}}
-        resources: {{slots_per_trial: 2}}
-        reproducibility: {{experiment_seed: 7}}
-    """).replace("'", ""))
-    return path
-
-
 def _env(run_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
     env["DET_RUN_DIR"] = str(run_dir)
     return env
-
-
-def _dcp_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    import warnings
-
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-    flat: dict[str, torch.Tensor] = {}
-
-    def walk(prefix: str, value: object) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), item)
-        elif isinstance(value, torch.Tensor):
-            flat[prefix] = value
-
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
-        warnings.simplefilter("ignore", UserWarning)
-        walk("", _load_state_dict_from_keys(checkpoint_id=str(folder / "dcp")))
-    return flat
-
-
-def _last(run_dir: Path) -> tuple[str, Path]:
-    checkpoint = det.core.LocalStore(run_dir).checkpoints()[-1]
-    assert checkpoint.steps_completed == BATCHES
-    return checkpoint.uuid, run_dir / "checkpoints" / checkpoint.uuid
 
 
 def test_sigterm_resume_equals_the_experiment_and_exports(tmp_path: Path) -> None:
@@ -82,23 +35,23 @@ def test_sigterm_resume_equals_the_experiment_and_exports(tmp_path: Path) -> Non
     exp_dir = tmp_path / "exp"
     created = subprocess.run(
         [sys.executable, "-m", "determined_trials.cli.main", "--run-dir", str(exp_dir), "experiment", "create",
-         "--no-progress", str(_config(tmp_path, "exp.yaml")), str(code)],
+         "--no-progress", str(fsdp_config(tmp_path, "exp.yaml")), str(code)],
         env=_env(exp_dir), capture_output=True, text=True, timeout=300,
     )
     assert created.returncode == 0, created.stdout[-4000:] + created.stderr[-4000:]
-    uuid, exp_checkpoint = _last(exp_dir)
+    uuid, exp_checkpoint = last_checkpoint(exp_dir)
     assert sorted(p.name for p in (exp_checkpoint / "dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
     args = [sys.executable, "-m", "determined_trials.launch.torch_distributed", "--trial", "model_def.py:FSDPMLPTrial"]
-    quick = _config(tmp_path, "quick.yaml")
+    quick = fsdp_config(tmp_path, "quick.yaml")
     whole_dir = tmp_path / "whole"  # the uninterrupted launch (an experiment's trial has another trial seed)
     whole = subprocess.run([*args[:3], "--config", str(quick), *args[3:]], cwd=code, env=_env(whole_dir),
                            capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0, whole.stdout[-4000:] + whole.stderr[-4000:]
-    _, reference = _last(whole_dir)
+    _, reference = last_checkpoint(whole_dir)
 
     run_dir = tmp_path / "launch"
-    slow = _config(tmp_path, "slow.yaml", sleep=0.2)
+    slow = fsdp_config(tmp_path, "slow.yaml", sleep=0.2)
     first = subprocess.Popen([*args[:3], "--config", str(slow), *args[3:]], cwd=code, env=_env(run_dir),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -121,12 +74,12 @@ def test_sigterm_resume_equals_the_experiment_and_exports(tmp_path: Path) -> Non
                             timeout=300)
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
     assert f"rank 0 trained batch {stopped}\n" in second.stdout and "rank 0 trained batch 0\n" not in second.stdout
-    _, resumed = _last(run_dir)
-    want, got = _dcp_tensors(reference), _dcp_tensors(resumed)
+    _, resumed = last_checkpoint(run_dir)
+    want, got = dcp_tensors(reference), dcp_tensors(resumed)
     assert want.keys() == got.keys() and any(k.startswith("optim.state.") for k in want)
     assert all(torch.equal(want[k], got[k]) for k in want), [k for k in want if not torch.equal(want[k], got[k])]
 
-    want = _dcp_tensors(exp_checkpoint)  # the experiment's trained model, exported and loaded
+    want = dcp_tensors(exp_checkpoint)  # the experiment's trained model, exported and loaded
     export = tmp_path / "export"
     assert cli_main(["--run-dir", str(exp_dir), "checkpoint", "export", "--consolidate", uuid, str(export)]) == 0
     exported = torch.load(export / "model0_consolidated.pt", weights_only=True)

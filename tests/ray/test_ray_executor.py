@@ -10,18 +10,16 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from helpers_experiment import create, final_states, make_context
+from helpers_experiment import DET_TRIALS, create, final_states, make_context, when_stored
 from helpers_paths import SUPPORT
-from helpers_ray_cluster import LocalRayCluster, can_hide_folders, driving
+from helpers_ray_cluster import LocalRayCluster, can_hide_folders, driving, start_ray_runner
 
 from determined_trials.core import LocalStore
 from determined_trials.experiment import summarize_trials
@@ -29,7 +27,6 @@ from determined_trials.experiment import summarize_trials
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-DET_TRIALS = [sys.executable, "-m", "determined_trials.cli.main"]
 
 
 @pytest.fixture(scope="module")
@@ -118,24 +115,6 @@ def test_an_optuna_search_on_ray(cluster: LocalRayCluster, tmp_path: Path) -> No
     assert told == {round(r.hparams["lr"], 12): r.best_metric for r in summarize_trials(store, 1, "loss", True)}
 
 
-def _when(run_dir: Path, found: Callable[[LocalStore], Any], timeout: float = 300) -> Any:
-    """Poll the run folder's store until ``found(store)`` gives something; that."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (run_dir / "store.sqlite").exists():
-            store = LocalStore(run_dir)
-            try:
-                result = found(store)
-                if result:
-                    return result
-            except KeyError:
-                pass
-            finally:
-                store.close()
-        time.sleep(0.1)
-    raise AssertionError(f"nothing found in {run_dir} within {timeout} s")
-
-
 def _checkpointed(steps: int, node: str | None = None) -> Callable[[LocalStore], tuple[int, int, int] | None]:
     """(trial id, checkpoint steps, trial pid) of a trial (on ``node``) with a checkpoint at ``steps`` or more."""
     def found(store: LocalStore) -> tuple[int, int, int] | None:
@@ -148,7 +127,7 @@ def _checkpointed(steps: int, node: str | None = None) -> Callable[[LocalStore],
 
 
 def _kill_trial_after_checkpoint(run_dir: Path, killed: list[int]) -> None:
-    _, steps, pid = _when(run_dir, _checkpointed(2))
+    _, steps, pid = when_stored(run_dir, _checkpointed(2))
     os.kill(pid, signal.SIGKILL)
     killed.append(steps)
 
@@ -169,21 +148,13 @@ def test_a_killed_trial_process_restarts_from_its_checkpoint(cluster: LocalRayCl
     assert final_states(store, 1)[1]["step"] == 8
 
 
-def _start_runner(cluster: LocalRayCluster, run_dir: Path, config: Path, ctx: Path) -> subprocess.Popen[bytes]:
-    """`det-trials experiment create --ray` as a process of its own; its output in create.out beside config."""
-    cmd = [*DET_TRIALS, "--run-dir", str(run_dir), "experiment", "create", str(config), str(ctx), "--no-progress",
-           "--ray", cluster.address]
-    with open(config.with_name("create.out"), "wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
 def test_pause_and_continue_on_ray(cluster: LocalRayCluster, tmp_path: Path) -> None:
     config, ctx = _context(tmp_path, {"sleep": 0.3, "ckpt_every": 2},
                            searcher={"name": "single", "metric": "loss", "max_length": 10})
     run_dir = tmp_path / "runs"
-    proc = _start_runner(cluster, run_dir, config, ctx)
+    proc = start_ray_runner(cluster, run_dir, config, ctx)
     try:
-        _when(run_dir, _checkpointed(2))
+        when_stored(run_dir, _checkpointed(2))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=180) == 75, (tmp_path / "create.out").read_text()
     finally:
@@ -221,9 +192,9 @@ def test_a_multi_slot_trial_gets_one_node_and_slots_no_even_split_holds_are_refu
 def test_when_the_runner_dies_its_trial_processes_end(cluster: LocalRayCluster, tmp_path: Path) -> None:
     config, ctx = _context(tmp_path, {"sleep": 0.3}, searcher={"name": "single", "metric": "loss", "max_length": 500})
     run_dir = tmp_path / "runs"
-    runner = _start_runner(cluster, run_dir, config, ctx)
+    runner = start_ray_runner(cluster, run_dir, config, ctx)
     try:
-        _, _, pid = _when(run_dir, _checkpointed(2))
+        _, _, pid = when_stored(run_dir, _checkpointed(2))
     finally:
         os.killpg(runner.pid, signal.SIGKILL)
         runner.wait(timeout=30)
@@ -276,7 +247,7 @@ def test_a_trial_on_a_dead_node_restarts_from_its_checkpoint_elsewhere(
 
 
 def _kill_node_under_a_trial(cluster: LocalRayCluster, run_dir: Path, node: str, killed: list[tuple[int, int]]) -> None:
-    trial_id, steps, pid = _when(run_dir, _checkpointed(2, node))
+    trial_id, steps, pid = when_stored(run_dir, _checkpointed(2, node))
     cluster.kill_second_node()
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)  # a dead machine takes its processes along

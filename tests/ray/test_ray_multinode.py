@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers_experiment import create
+from helpers_experiment import DET_TRIALS, create, when_stored
 from helpers_paths import SUPPORT
-from helpers_ray_cluster import LocalRayCluster, driving
-from test_ray_executor import DET_TRIALS, _start_runner, _when
+from helpers_ray_cluster import LocalRayCluster, driving, start_ray_runner
 
 from determined_trials.cli._trial import write_trial_table
 from determined_trials.cli.main import main
@@ -255,9 +254,9 @@ def _kill_part_of_node_one(run_dir: Path, what: str, killed: list[int], cluster:
         latest = store.latest_checkpoint(1) if store.trials(1) else None
         return latest.steps_completed if latest else None
 
-    steps = _when(run_dir, checkpointed)
+    steps = when_stored(run_dir, checkpointed)
     log = run_dir / "experiments" / "1" / "trial_1.log"
-    _, pid = _when(run_dir, lambda _: _ranks(log).get(1))
+    _, pid = when_stored(run_dir, lambda _: _ranks(log).get(1))
     # the check that nothing is left at the end can see this cluster's trial processes
     seen.append(pid in [proc.pid for proc in cluster.processes("spread_trial.py:SpreadTrial")])
     # a rank dies mid-training, or the Ray worker that runs node 1's part (as when Ray loses it)
@@ -292,9 +291,9 @@ def test_pause_stops_both_nodes_with_one_checkpoint_and_continue_finishes_it(
         cluster: LocalRayCluster, spread_run: tuple[Path, list[str]], tmp_path: Path) -> None:
     config, ctx = _context(tmp_path, sleep=0.5)
     run_dir = tmp_path / "runs"
-    runner = _start_runner(cluster, run_dir, config, ctx)
+    runner = start_ray_runner(cluster, run_dir, config, ctx)
     try:
-        _when(run_dir, lambda store: store.trials(1) and store.latest_checkpoint(1))
+        when_stored(run_dir, lambda store: store.trials(1) and store.latest_checkpoint(1))
         runner.send_signal(signal.SIGTERM)
         assert runner.wait(timeout=180) == 75, (tmp_path / "create.out").read_text()
     finally:
@@ -319,15 +318,15 @@ def test_pause_stops_both_nodes_with_one_checkpoint_and_continue_finishes_it(
 def test_an_fsdp2_trial_spread_over_two_nodes_equals_one_machine(cluster: LocalRayCluster, tmp_path: Path) -> None:
     """The FSDP2 example with 2 slots on the 1-CPU-a-node cluster: one rank a node, one DCP shard a rank, and
     every saved tensor (weights and AdamW state) as the same trial run on this machine with two processes."""
-    from test_fsdp_launch import EXAMPLE, _config, _dcp_tensors, _last
+    from helpers_fsdp_example import EXAMPLE, dcp_tensors, fsdp_config, last_checkpoint
 
     shutil.copytree(EXAMPLE, tmp_path / "code")
-    config = _config(tmp_path, "fsdp.yaml")
+    config = fsdp_config(tmp_path, "fsdp.yaml")
     assert create(tmp_path / "ray", config, tmp_path / "code", "--ray", cluster.address) == 0
     assert create(tmp_path / "local", config, tmp_path / "code") == 0
-    (_, spread), (_, local) = _last(tmp_path / "ray"), _last(tmp_path / "local")
+    (_, spread), (_, local) = last_checkpoint(tmp_path / "ray"), last_checkpoint(tmp_path / "local")
     assert sorted(p.name for p in (spread / "dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    spread_tensors, local_tensors = _dcp_tensors(spread), _dcp_tensors(local)
+    spread_tensors, local_tensors = dcp_tensors(spread), dcp_tensors(local)
     assert sorted(spread_tensors) == sorted(local_tensors) and spread_tensors
     for name, tensor in local_tensors.items():
         assert torch.allclose(spread_tensors[name], tensor, rtol=1e-6, atol=1e-7), name

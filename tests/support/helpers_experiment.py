@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,10 @@ from helpers_paths import SUPPORT
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore
 
-__all__ = ["SCRIPT", "create", "final_states", "kill_runner", "make_context", "start_runner"]
+__all__ = ["DET_TRIALS", "SCRIPT", "create", "final_states", "kill_runner", "make_context", "start_runner", "when_stored"]
 
 SCRIPT = SUPPORT / "trials_core_script.py"
+DET_TRIALS = [sys.executable, "-m", "determined_trials.cli.main"]  # the CLI in a process of its own
 
 
 def make_context(tmp_path: Path, hparams: dict[str, Any], **config: Any) -> tuple[Path, Path]:
@@ -61,7 +63,7 @@ def start_runner(run_dir: Path, config: Path, ctx: Path, out: Path,
     """`det-trials experiment create` in a process (and session) of its own (``env``: its environment,
     default ours), its output in ``out``; returns once trial 1 wrote a checkpoint."""
     with open(out, "wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "determined_trials.cli.main", "--run-dir", str(run_dir),
+        proc = subprocess.Popen([*DET_TRIALS, "--run-dir", str(run_dir),
                                  "experiment", "create", str(config), str(ctx), "--no-progress"],
                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     deadline = time.monotonic() + 120
@@ -92,3 +94,21 @@ def kill_runner(proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+
+
+def when_stored(run_dir: Path, found: Callable[[LocalStore], Any], timeout: float = 300) -> Any:
+    """Poll the run folder's store until ``found(store)`` gives something; that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "store.sqlite").exists():
+            store = LocalStore(run_dir)
+            try:
+                result = found(store)
+                if result:
+                    return result
+            except KeyError:
+                pass
+            finally:
+                store.close()
+        time.sleep(0.1)
+    raise AssertionError(f"nothing found in {run_dir} within {timeout} s")

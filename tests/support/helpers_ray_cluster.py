@@ -14,14 +14,18 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LocalRayCluster", "can_hide_folders", "driving"]
+from helpers_experiment import DET_TRIALS
+
+__all__ = ["LocalRayCluster", "can_hide_folders", "driving", "start_ray_runner"]
 
 _RAY = str(Path(sys.executable).with_name("ray"))
 _START_TIMEOUT_S = 180.0
+_START_TRIES = 3
 _MARKER_ENV = "DET_TEST_RAY_CLUSTER"  # set on the cluster's nodes: their workers and trials inherit it
 
 
@@ -36,6 +40,13 @@ def _free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
 
 
 def can_hide_folders() -> bool:
@@ -62,9 +73,11 @@ class LocalRayCluster:
         self.head_cpus = head_cpus
         self.temp = Path(tempfile.mkdtemp(prefix="detray-", dir="/tmp"))  # short: Ray's socket paths
         self.hidden = hidden_on_second_node
-        self.port = _free_ports(1)[0]
-        self.address = f"127.0.0.1:{self.port}"
+        self.port = 0  # the head's port and address: picked by start()
+        self.address = ""
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._killed: list[int] = []  # process groups stopped (a failed start's, then all at stop)
+        self._second_ports: list[int] = []
         # Ray's token auth off explicitly: a token file some other Ray left in ~/.ray must not switch it
         # on for the nodes while the test's driver (ray already imported) does not send it.
         self.driver_env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -78,12 +91,19 @@ class LocalRayCluster:
                                                 env=self._env, start_new_session=True))
 
     def start(self) -> LocalRayCluster:
-        client_port, dashboard_port = _free_ports(2)  # Ray's dashboard process runs even without the UI
-        head = [_RAY, "start", "--head", f"--port={self.port}", "--include-dashboard=false",
-                f"--dashboard-port={dashboard_port}", f"--temp-dir={self.temp}",
-                f"--ray-client-server-port={client_port}", *_node_args(_free_ports(16), self.head_cpus)]
-        self._spawn(head, "head.log")
-        second = [_RAY, "start", f"--address={self.address}", *_node_args(_free_ports(16), 1)]
+        """Start the head, then the second node. Ports are picked free and then handed to Ray, so another
+        process may take one in between: a head that exits before it is up is started again on new ports
+        (3 tries), and an error quotes the end of the node's log (the temp folder is removed at stop)."""
+        for attempt in range(1, _START_TRIES + 1):
+            if self._start_head():
+                break
+            tail = _log_tail(self.temp / "head.log")
+            self._kill_all()
+            if attempt == _START_TRIES:
+                raise RuntimeError(f"the Ray head did not start in {_START_TRIES} tries; the end of its log:\n{tail}")
+            warnings.warn(f"the Ray head exited while starting (try {attempt}; a port taken?): {tail[-300:]}",
+                          stacklevel=2)
+        second = [_RAY, "start", f"--address={self.address}", *_node_args(self._second_ports, 1)]
         if self.hidden is not None:
             self.hidden.mkdir(parents=True, exist_ok=True)
             script = 'mount -t tmpfs none "$0" && exec "$@"'
@@ -92,19 +112,36 @@ class LocalRayCluster:
         self._wait_for_nodes(2)
         return self
 
+    def _start_head(self) -> bool:
+        """Spawn the head on newly picked ports (all distinct: picked together); whether it came up."""
+        ports = _free_ports(3 + 32)
+        self.port, client_port, dashboard_port = ports[:3]  # Ray's dashboard process runs even without the UI
+        self.address = f"127.0.0.1:{self.port}"
+        self._second_ports = ports[19:]
+        head = [_RAY, "start", "--head", f"--port={self.port}", "--include-dashboard=false",
+                f"--dashboard-port={dashboard_port}", f"--temp-dir={self.temp}",
+                f"--ray-client-server-port={client_port}", *_node_args(ports[3:19], self.head_cpus)]
+        self._spawn(head, "head.log")
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while "Ray runtime started" not in (self.temp / "head.log").read_text(errors="replace"):
+            if self._procs[0].poll() is not None:
+                return False
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray head did not start in {_START_TIMEOUT_S:.0f} s; the end of its log:\n"
+                                   f"{_log_tail(self.temp / 'head.log')}")
+            time.sleep(0.5)
+        return True
+
     def _wait_for_nodes(self, count: int) -> None:
         import ray
 
         deadline = time.monotonic() + _START_TIMEOUT_S
-        while "Ray runtime started" not in (self.temp / "head.log").read_text(errors="replace"):
-            if time.monotonic() > deadline or self._procs[0].poll() is not None:
-                raise RuntimeError(f"the Ray head did not start; see {self.temp}/head.log")
-            time.sleep(0.5)
         ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
             while len([n for n in ray.nodes() if n["Alive"]]) < count:
                 if time.monotonic() > deadline or any(p.poll() is not None for p in self._procs):
-                    raise RuntimeError(f"the Ray cluster did not start; see {self.temp}/*.log")
+                    raise RuntimeError("the Ray cluster did not start; the end of the second node's log:\n"
+                                       f"{_log_tail(self.temp / 'second.log')}")
                 time.sleep(0.5)
         finally:
             ray.shutdown()
@@ -166,6 +203,10 @@ class LocalRayCluster:
 
     def stop(self) -> None:
         """SIGTERM every node's process group, SIGKILL what is left after 90 s; remove the temp folder."""
+        self._kill_all()
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+    def _kill_all(self) -> None:
         for proc in reversed(self._procs):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -177,12 +218,13 @@ class LocalRayCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-        shutil.rmtree(self.temp, ignore_errors=True)
+        self._killed.extend(proc.pid for proc in self._procs)
+        self._procs = []
 
     def leftovers(self) -> list[str]:
         """Processes still running that belong to this cluster (by its temp folder or process groups)."""
         out = subprocess.run(["ps", "-eo", "pid=,pgid=,args="], capture_output=True, text=True, timeout=30).stdout
-        groups = {str(p.pid) for p in self._procs}
+        groups = {str(pid) for pid in [*self._killed, *(p.pid for p in self._procs)]}
         return [line for line in out.splitlines()
                 if line.split(None, 2)[1] in groups or str(self.temp) in line]
 
@@ -206,3 +248,11 @@ def driving(cluster: LocalRayCluster) -> Iterator[LocalRayCluster]:
     while cluster.leftovers() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert cluster.leftovers() == []
+
+
+def start_ray_runner(cluster: LocalRayCluster, run_dir: Path, config: Path, ctx: Path) -> subprocess.Popen[bytes]:
+    """`det-trials experiment create --ray` as a process of its own; its output in create.out beside config."""
+    cmd = [*DET_TRIALS, "--run-dir", str(run_dir), "experiment", "create", str(config), str(ctx), "--no-progress",
+           "--ray", cluster.address]
+    with open(config.with_name("create.out"), "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
