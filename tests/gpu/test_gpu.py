@@ -42,15 +42,18 @@ class _Between(ResumeTrial):
     when the next begins: the span is the harness's own per-batch work (metrics kept, stop checks,
     LR scheduler, the next batch and its copy to the device), not the trial's."""
 
-    def __init__(self, context: pytorch.PyTorchTrialContext, between: Any) -> None:
+    def __init__(self, context: pytorch.PyTorchTrialContext, between: Any, run: int = RUN,
+                 snapshot_threshold: int | None = None) -> None:
         super().__init__(context, pin_memory=True)
-        self.between = between
+        if snapshot_threshold is not None:
+            context.experimental.set_checkpoint_snapshot_threshold(snapshot_threshold)
+        self.between, self.run = between, run
         self.spans = 0
 
     def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> Any:
         self.between(False)
         loss = super().train_batch(batch, epoch_idx, batch_idx)
-        if (batch_idx + 1) % RUN:
+        if (batch_idx + 1) % self.run:
             self.between(True)
             self.spans += 1
         return loss
@@ -93,6 +96,27 @@ def test_no_host_device_sync_between_two_boundaries(tmp_path: Path) -> None:
         torch.cuda.set_sync_debug_mode("default")
     assert trainer.exit_reason is not None and trainer.exit_reason.value == "completed"
     assert trial.spans == 3 * (RUN - 1)
+
+
+def test_no_host_device_sync_between_two_boundaries_in_a_long_run_with_background_checkpoints(tmp_path: Path) -> None:
+    """The sync-debug check over 130 batches (a boundary every 10, a background checkpoint every 20, every
+    state copied into host buffers): it crosses the batches during which the helper thread makes the pinned
+    checkpoint buffers (after the first batch) and those in which every later checkpoint reuses them. A
+    synchronising call there raises, with its traceback, and fails the fit."""
+    run, batches = 10, 130
+    conf = config({"global_batch_size": 4, "lr": 0.01, "hidden": 1024})
+    try:
+        trial, trainer, info = fit(
+            lambda ctx: _Between(ctx, lambda on: torch.cuda.set_sync_debug_mode("error" if on else "default"),
+                                 run=run, snapshot_threshold=0),
+            conf, tmp_path, max_length=Batch(batches), reporting_period=Batch(run),
+            validation_period=Batch(2 * run), checkpoint_period=Batch(2 * run),
+        )
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert trainer.exit_reason is not None and trainer.exit_reason.value == "completed"
+    assert trial.spans == batches - batches // run
+    assert len(info["checkpoints"]) >= batches // (2 * run)
 
 
 def _settled_allocation() -> int:
