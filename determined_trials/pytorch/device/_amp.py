@@ -8,11 +8,38 @@ from typing import Any
 
 import torch
 
-__all__ = ["default_autocast_dtype", "install_autocast_forward", "make_autocast", "needs_scaler"]
+__all__ = ["default_autocast_dtype", "install_autocast_forward", "make_autocast", "needs_scaler",
+           "separate_compiled_graphs_by_autocast_dtype"]
 
 logger = logging.getLogger("determined_trials.pytorch")
 
 _SUPPORTED = (torch.float16, torch.bfloat16)
+# The first torch whose AOTAutograd cache key holds the autocast dtype, not only whether autocast is on.
+_CACHE_KEYS_AUTOCAST_DTYPE = "2.13"
+_cache_checked = False
+
+
+def separate_compiled_graphs_by_autocast_dtype() -> None:
+    """On torch < 2.13, turn AOTAutograd's cache off for this process (once, logged).
+
+    Its key there says whether autocast is on but not in which dtype, so a model compiled under
+    bfloat16 autocast is served, from memory or from the on-disk cache of an earlier process, to a
+    run under float16: that run silently computes in bfloat16, or fails in backward on CUDA
+    ("Found dtype Float but expected BFloat16"). Inductor's own graph cache stays on.
+    """
+    global _cache_checked
+    if _cache_checked:
+        return
+    _cache_checked = True
+    functorch_config = getattr(getattr(torch, "_functorch", None), "config", None)
+    if torch.__version__ >= _CACHE_KEYS_AUTOCAST_DTYPE or not getattr(functorch_config, "enable_autograd_cache", False):
+        return
+    functorch_config.enable_autograd_cache = False  # type: ignore[union-attr]
+    logger.info(
+        "torch %s: AOTAutograd's compile cache is off for this process, which uses autocast: its key lacks the "
+        "autocast dtype before torch 2.13, so a graph compiled under one dtype would be reused under another",
+        torch.__version__,
+    )
 
 
 def default_autocast_dtype(device: torch.device) -> torch.dtype:
@@ -31,6 +58,8 @@ def make_autocast(device: torch.device, dtype: torch.dtype | None, enabled: bool
             f"autocast dtype must be torch.float16 or torch.bfloat16, got {chosen!r}; "
             "leave it out for the device's default"
         )
+    if enabled:
+        separate_compiled_graphs_by_autocast_dtype()
     return torch.autocast(device_type=device.type, dtype=chosen, enabled=enabled)
 
 
