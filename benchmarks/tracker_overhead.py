@@ -1,22 +1,34 @@
 """Per-batch training time with an MLflow tracking server receiving the trial's run vs no tracker, in the same run.
 
-Usage: python benchmarks/tracker_overhead.py [--rounds 7] [--batches 3000] [--report 10] [--period 500] [--quick]
+Usage: python benchmarks/tracker_overhead.py [--rounds 7] [--batches 3000] [--report 10] [--period 500] [--width 64]
+                                            [--self-check] [--quick]
 
-A real ``mlflow server`` (SQLite backend in a temporary folder) is started on 127.0.0.1 once. Each round runs two
-``Trainer.fit`` calls in this process, their order alternating: a small MSE trial (64 -> 64 -> 64 MLP, batches of
-32) for ``--batches`` batches, reporting training metrics every ``--report`` batches, validating and checkpointing
-every ``--period`` -- once with ``integrations: {mlflow: {tracking_uri: <server>}}`` (the forwarder thread sends
-the rows to the server while training goes on) and once without. Timed: ``fit`` only (per batch); the tracker's
-last flush when the context closes is printed apart. Printed: the median of the per-round ratios on / off.
+A real ``mlflow server`` (SQLite backend in a temporary folder) is started on 127.0.0.1 once. Each round runs four
+``Trainer.fit`` calls in this process: a small MSE trial (an MLP ``--width`` wide, 64 by default; batches of 32) for
+``--batches`` batches, reporting training metrics every ``--report`` batches, validating and checkpointing every
+``--period`` -- twice with ``integrations: {mlflow: {tracking_uri: <server>}}`` (the forwarder thread sends the rows
+to the server while training goes on) and twice without, in the order on-off-off-on, then off-on-on-off in the next
+round. Two fits per arm in mirrored positions cancel both a drift over the round and a slower first (or second) fit,
+which a plain on/off alternation over an odd number of rounds does not. Timed: ``fit`` only (per batch); the
+tracker's last flush when the context closes is printed apart, and so is the CPU time the forwarder's thread used
+during the fits (``forwarder_cpu_share``: its fraction of their wall time; the thread shares the interpreter with
+the training loop, so this is the order of what it costs, and the loop's waits for the interpreter to be handed back
+come on top). Before each fit the garbage of the earlier ones is collected, so that no gen-2 collection (~0.2 s
+here) lands inside one fit by chance. Printed: the median of the per-round ratios (on + on) / (off + off).
+
+``--self-check`` runs the same schedule with no tracker in either arm: its median is the benchmark's own bias and
+noise, to be read next to the real figure (it should be 1.00 within the spread of the rounds).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,16 +44,16 @@ from helpers_trackers import mlflow_server  # noqa: E402
 
 __all__ = ["main"]
 
-WIDTH, BATCH = 64, 32
+BATCH = 32
 
 
 class _Trial(MSETrial):
-    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+    def __init__(self, context: pytorch.PyTorchTrialContext, width: int) -> None:
         self.context = context
         torch.manual_seed(0)
-        self.model = context.wrap_model(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH)))
+        self.model = context.wrap_model(nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width)))
         self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=1e-3))
-        self.data = torch.utils.data.TensorDataset(torch.randn(2048, WIDTH), torch.randn(2048, WIDTH))
+        self.data = torch.utils.data.TensorDataset(torch.randn(2048, width), torch.randn(2048, width))
 
     def build_training_data_loader(self) -> pytorch.DataLoader:
         return pytorch.DataLoader(self.data, batch_size=BATCH, shuffle=True)
@@ -51,8 +63,17 @@ class _Trial(MSETrial):
         return pytorch.DataLoader(val, batch_size=256)
 
 
-def _fit(args: argparse.Namespace, run_dir: Path, uri: str | None) -> tuple[float, float]:
-    """(seconds per batch in fit, seconds the context's close took)."""
+def _forwarder_cpu_s() -> float:
+    """CPU seconds the tracker forwarder's thread has used so far (0 when there is none)."""
+    for thread in threading.enumerate():
+        if thread.name.startswith("det-trackers-") and thread.ident is not None:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return 0.0
+
+
+def _fit(args: argparse.Namespace, run_dir: Path, uri: str | None) -> tuple[float, float, float]:
+    """(seconds per batch in fit, seconds the context's close took, the forwarder thread's CPU seconds in fit)."""
+    gc.collect()  # the previous fits' garbage: not collected (a gen-2 pass: ~0.2 s) inside this one's timing
     config: dict[str, Any] = {
         "name": "tracker-overhead", "hyperparameters": {"global_batch_size": BATCH},
         "reproducibility": {"experiment_seed": 1},
@@ -60,15 +81,21 @@ def _fit(args: argparse.Namespace, run_dir: Path, uri: str | None) -> tuple[floa
     if uri is not None:
         config["integrations"] = {"mlflow": {"tracking_uri": uri}}
     with pytorch.init(exp_conf=config, run_dir=str(run_dir), enable_tensorboard_logging=False) as context:
-        trial = _Trial(context)
+        trial = _Trial(context, args.width)
         start = time.perf_counter()
         pytorch.Trainer(trial, context).fit(
             max_length=pytorch.Batch(args.batches), reporting_period=pytorch.Batch(args.report),
             validation_period=pytorch.Batch(args.period), checkpoint_period=pytorch.Batch(args.period),
             checkpoint_policy="none", show_progress=False)
         fit = time.perf_counter() - start
+        forwarder_cpu = _forwarder_cpu_s()
         closing = time.perf_counter()
-    return fit / args.batches, time.perf_counter() - closing
+    return fit / args.batches, time.perf_counter() - closing, forwarder_cpu
+
+
+def _round_order(rnd: int) -> tuple[str, ...]:
+    """The four fits of a round: on-off-off-on, mirrored (off-on-on-off) in every other round."""
+    return ("on", "off", "off", "on") if rnd % 2 else ("off", "on", "on", "off")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -77,26 +104,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batches", type=int, default=3000)
     parser.add_argument("--report", type=int, default=10)
     parser.add_argument("--period", type=int, default=500)
-    parser.add_argument("--quick", action="store_true", help="3 rounds of 300 batches (a smoke run)")
+    parser.add_argument("--width", type=int, default=64, help="the MLP's width (a larger one: a longer batch)")
+    parser.add_argument("--self-check", action="store_true", help="no tracker in either arm (an A/A run)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 200 batches (a smoke run)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.batches, args.period = 3, 300, 100
+        args.rounds, args.batches, args.period = 2, 200, 100
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, mlflow_server(Path(tmp) / "mlflow") as uri:
+        tracked = None if args.self_check else uri
         for rnd in range(args.rounds + 1):  # round 0 warms up (imports, the server's first requests)
-            per: dict[str, tuple[float, float]] = {}
-            for mode in (("on", "off") if rnd % 2 else ("off", "on")):
-                per[mode] = _fit(args, Path(tmp) / f"run-{rnd}-{mode}", uri if mode == "on" else None)
+            per: dict[str, list[tuple[float, float, float]]] = {"on": [], "off": []}
+            for i, mode in enumerate(_round_order(rnd)):
+                per[mode].append(_fit(args, Path(tmp) / f"run-{rnd}-{i}", tracked if mode == "on" else None))
             if rnd:
-                rows.append({"off_ms": per["off"][0] * 1e3, "on_ms": per["on"][0] * 1e3,
-                             "ratio": per["on"][0] / per["off"][0], "close_on_s": per["on"][1]})
+                on, off = sum(f for f, _, _ in per["on"]), sum(f for f, _, _ in per["off"])
+                thread_cpu = sum(cpu for _, _, cpu in per["on"])
+                rows.append({"off_ms": off / 2 * 1e3, "on_ms": on / 2 * 1e3, "ratio": on / off,
+                             "close_on_s": max(c for _, c, _ in per["on"]),
+                             "forwarder_cpu_ms": thread_cpu / 2 * 1e3,
+                             "forwarder_cpu_share": thread_cpu / (on * args.batches)})
                 print(json.dumps({k: round(v, 4) for k, v in rows[-1].items()}), flush=True)
     result = {"rounds": args.rounds, "batches": args.batches, "report_every": args.report,
+              "self_check": args.self_check, "ratio_spread": [round(min(r["ratio"] for r in rows), 4),
+                                                             round(max(r["ratio"] for r in rows), 4)],
               "off_ms_per_batch": statistics.median(r["off_ms"] for r in rows),
               "on_ms_per_batch": statistics.median(r["on_ms"] for r in rows),
               "median_ratio": statistics.median(r["ratio"] for r in rows),
-              "close_on_s": statistics.median(r["close_on_s"] for r in rows)}
+              "close_on_s": statistics.median(r["close_on_s"] for r in rows),
+              "forwarder_cpu_ms_per_fit": statistics.median(r["forwarder_cpu_ms"] for r in rows),
+              "forwarder_cpu_share": statistics.median(r["forwarder_cpu_share"] for r in rows)}
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
     return result
 

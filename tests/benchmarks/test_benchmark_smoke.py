@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -81,6 +82,23 @@ def test_ui_latency_benchmark_quick_run_prints_its_figures() -> None:
                          re.MULTILINE), proc.stdout
     assert re.search(rf"^ui latency p50 over all API calls: {number} ms \(target <= 5 ms\)$", proc.stdout,
                      re.MULTILINE), proc.stdout
+
+@pytest.mark.slow
+@pytest.mark.timeout(QUICK_S + 60)
+@pytest.mark.parametrize("self_check", [False, True], ids=["mlflow", "self-check"])
+def test_tracker_overhead_benchmark_quick_run_prints_its_rounds_and_median(self_check: bool) -> None:
+    pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
+    argv = [sys.executable, str(REPO / "benchmarks" / "tracker_overhead.py"), "--quick"]
+    proc = run_in_group(argv + (["--self-check"] if self_check else []), timeout=QUICK_S, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    rounds, summary = lines[:-1], lines[-1]
+    assert len(rounds) == summary["rounds"] == 2 and summary["self_check"] is self_check
+    assert all(r["ratio"] > 0 and r["on_ms"] > 0 and r["off_ms"] > 0 for r in rounds)
+    assert summary["ratio_spread"] == [min(r["ratio"] for r in rounds), max(r["ratio"] for r in rounds)]
+    # Only the tracked arm opens MLflow runs: the self-check's fits print no run link.
+    assert ("View run tracker-overhead" in proc.stdout + proc.stderr) is not self_check
+
 
 # -- every tensor on the device ----------------------------------------------------------------------
 
