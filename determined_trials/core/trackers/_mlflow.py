@@ -95,8 +95,11 @@ class MlflowSink:
             folder = Path(checkpoint.storage.removeprefix(_LOCAL)) / checkpoint.uuid
             if checkpoint.storage.startswith(_LOCAL) and folder.is_dir():
                 client.log_artifacts(self._run_id, str(folder), artifact_path=f"checkpoints/{checkpoint.uuid}")
-        client.set_tag(self._run_id, f"{_TAG_PREFIX}checkpoint.{checkpoint.steps_completed}", checkpoint.uuid)
-        client.set_tag(self._run_id, f"{_TAG_PREFIX}latest_checkpoint", checkpoint.uuid)
+        from mlflow.entities import RunTag
+
+        client.log_batch(self._run_id, tags=[  # both tags in one request: each request costs the client CPU
+            RunTag(f"{_TAG_PREFIX}checkpoint.{checkpoint.steps_completed}", checkpoint.uuid),
+            RunTag(f"{_TAG_PREFIX}latest_checkpoint", checkpoint.uuid)])
         self._recorded.add(checkpoint.uuid)
 
     def close(self, outcome: Outcome) -> None:
