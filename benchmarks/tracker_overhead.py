@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from _mse_trial import MSETrial
@@ -71,8 +71,15 @@ def _forwarder_cpu_s() -> float:
     return 0.0
 
 
-def _fit(args: argparse.Namespace, run_dir: Path, uri: str | None) -> tuple[float, float, float]:
-    """(seconds per batch in fit, seconds the context's close took, the forwarder thread's CPU seconds in fit)."""
+class _Fit(NamedTuple):
+    """One timed fit."""
+
+    per_batch_s: float  # wall seconds per batch in ``fit``
+    close_s: float  # seconds the context's close took (the tracker's last flush)
+    forwarder_cpu_s: float  # CPU seconds the forwarder's thread used during ``fit``
+
+
+def _fit(args: argparse.Namespace, run_dir: Path, uri: str | None) -> _Fit:
     gc.collect()  # the previous fits' garbage: not collected (a gen-2 pass: ~0.2 s) inside this one's timing
     config: dict[str, Any] = {
         "name": "tracker-overhead", "hyperparameters": {"global_batch_size": BATCH},
@@ -90,7 +97,7 @@ def _fit(args: argparse.Namespace, run_dir: Path, uri: str | None) -> tuple[floa
         fit = time.perf_counter() - start
         forwarder_cpu = _forwarder_cpu_s()
         closing = time.perf_counter()
-    return fit / args.batches, time.perf_counter() - closing, forwarder_cpu
+    return _Fit(fit / args.batches, time.perf_counter() - closing, forwarder_cpu)
 
 
 def _round_order(rnd: int) -> tuple[str, ...]:
@@ -115,14 +122,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp, mlflow_server(Path(tmp) / "mlflow") as uri:
         tracked = None if args.self_check else uri
         for rnd in range(args.rounds + 1):  # round 0 warms up (imports, the server's first requests)
-            per: dict[str, list[tuple[float, float, float]]] = {"on": [], "off": []}
+            per: dict[str, list[_Fit]] = {"on": [], "off": []}
             for i, mode in enumerate(_round_order(rnd)):
                 per[mode].append(_fit(args, Path(tmp) / f"run-{rnd}-{i}", tracked if mode == "on" else None))
             if rnd:
-                on, off = sum(f for f, _, _ in per["on"]), sum(f for f, _, _ in per["off"])
-                thread_cpu = sum(cpu for _, _, cpu in per["on"])
+                on, off = (sum(fit.per_batch_s for fit in per[mode]) for mode in ("on", "off"))
+                thread_cpu = sum(fit.forwarder_cpu_s for fit in per["on"])
                 rows.append({"off_ms": off / 2 * 1e3, "on_ms": on / 2 * 1e3, "ratio": on / off,
-                             "close_on_s": max(c for _, c, _ in per["on"]),
+                             "close_on_s": max(fit.close_s for fit in per["on"]),
                              "forwarder_cpu_ms": thread_cpu / 2 * 1e3,
                              "forwarder_cpu_share": thread_cpu / (on * args.batches)})
                 print(json.dumps({k: round(v, 4) for k, v in rows[-1].items()}), flush=True)
