@@ -54,6 +54,10 @@ def _declare_save_mode(adapter: PlainAdapter, mode: SaveMode) -> None:
     adapter.snapshot_wanted = mode is SaveMode.SNAPSHOT
 
 
+def _shard_file(rank: int) -> str:
+    return f"shard-{rank}.json"
+
+
 class HookRecorder:
     """A callback recording every loop hook into ``events`` (with its telling argument), and its own state:
     how many validations it saw, saved with checkpoints and restored on resume."""
@@ -149,6 +153,8 @@ class PlainAdapter:
     def load(self, path: Path) -> None:
         saved = json.loads((path / MODEL_FILE).read_text())
         self.w = saved["w"]
+        if self.sharded_save and json.loads((path / _shard_file(self._rank())).read_text())["w"] != self.w:
+            raise AssertionError(f"rank {self._rank()}'s shard does not hold the model of {path}")
         self.hooks.load_state_dict(saved["callbacks"])
         self._record("load", saved["w"])
 
@@ -218,8 +224,15 @@ class PlainAdapter:
         return {"w": self.w, "callbacks": self.hooks.state_dict()}
 
     def _write(self, state: dict[str, Any], path: Path) -> None:
+        """The chief writes the model; a sharded save's every rank writes its shard too."""
         self._record("write", state["w"])
-        (path / MODEL_FILE).write_text(json.dumps(state))
+        if self._rank() == 0:
+            (path / MODEL_FILE).write_text(json.dumps(state))
+        if self.sharded_save:
+            (path / _shard_file(self._rank())).write_text(json.dumps({"w": state["w"]}))
+
+    def _rank(self) -> int:
+        return 0 if self.core is None else self.core.distributed.get_rank()
 
     def _record(self, call: str, *args: Any) -> None:
         self.threads[call] = threading.current_thread().name
@@ -264,10 +277,12 @@ class PlainRun:
 def run_loop(run_dir: Path, *, latest_checkpoint: str | None = None, mode: SaveMode = SaveMode.SYNC,
              records: int = 8, batch_size: int = 2,
              after_batch: Callable[[PlainAdapter, int], None] | None = None, events: list[Event] | None = None,
+             config: dict[str, Any] | None = None, distributed: core.DistributedContext | None = None,
              **settings: Any) -> PlainRun:
-    """One ``Controller.run`` of a ``PlainAdapter`` under ``core.init(run_dir=...)`` (resuming
+    """One ``Controller.run`` of a ``PlainAdapter`` under ``core.init(run_dir=..., config=..., distributed=...)`` (resuming
     ``latest_checkpoint``, continuing its trial), with ``LoopSettings(**settings)``; its events go to
     ``events`` (a new list when None)."""
+    settings.setdefault("max_length", None)
     settings.setdefault("checkpoint_policy", "none")
     settings.setdefault("show_progress", False)
     settings.setdefault("summaries", False)
@@ -275,7 +290,8 @@ def run_loop(run_dir: Path, *, latest_checkpoint: str | None = None, mode: SaveM
     recorder = HookRecorder(events)
     hooks = HookRunner({"recorder": recorder})
     adapter = PlainAdapter(hooks, events, records=records, batch_size=batch_size, mode=mode, after_batch=after_batch)
-    with core.init(run_dir=run_dir, latest_checkpoint=latest_checkpoint) as ctx:
+    with core.init(run_dir=run_dir, config=config, latest_checkpoint=latest_checkpoint,
+                   distributed=distributed) as ctx:
         adapter.core = ctx
         controller = Controller(core=ctx, adapter=adapter, hooks=hooks, settings=LoopSettings(**settings))
         reason = controller.run(ctx.info.latest_checkpoint)
