@@ -49,6 +49,22 @@ def _save_calls(run: PlainRun) -> list[list[str]]:
     return per_checkpoint
 
 
+def _batches_while_writing(run: PlainRun) -> list[int]:
+    """For each checkpoint, how many batches were trained between its start and its upload hook."""
+    counts: list[int] = []
+    writing: int | None = None
+    for event in run.events:
+        if event[0] == "prepare_checkpoint":
+            writing = 0
+        elif event[0] == "batch" and writing is not None:
+            writing += 1
+        elif event[0] == "upload_end":
+            assert writing is not None
+            counts.append(writing)
+            writing = None
+    return counts
+
+
 def _contents(run: PlainRun) -> list[tuple[list[str], dict[str, int], dict[str, Any]]]:
     result = []
     for checkpoint in run.checkpoints:
@@ -72,6 +88,9 @@ def test_each_save_mode_writes_loadable_checkpoints_in_its_order(tmp_path: Path,
     assert all(c.metadata["framework"] == "plain" for c in run.checkpoints)
     calls = _save_calls(run)
     assert calls == [ORDER[mode][0], ORDER[mode][0], ORDER[mode][1]]
+    # training goes on while a background write runs (its hook fires at a later boundary); never at the end
+    background = mode in (SaveMode.SNAPSHOT, SaveMode.STAGED, SaveMode.ASYNC_SHARDED)
+    assert [n > 0 for n in _batches_while_writing(run)] == [background, background, False]
     for call, thread in THREADS[mode].items():
         assert run.adapter.threads[call].startswith(thread), (call, run.adapter.threads)
     # the same files, counters and model as the chief's synchronous saves, each model that of its batch
