@@ -1,8 +1,9 @@
 """A pure-Python trial for the loop's own tests (no torch, no TensorFlow): the "model" is a float, a batch is
 a slice of a Python list, and every batch trained, hook fired and adapter call made is recorded in order.
 
-What the loop's protocol sees is kept in two places, so that a change of the protocol is one edit here:
-``SaveMode`` with ``_declare_save_mode`` (how the adapter says how it saves) and ``_enter_batch`` /
+What the loop's protocol sees beyond its plain methods is kept in few places, so that a change of the
+protocol is a local edit here: ``SaveMode`` with ``_declare_save_mode`` (how the adapter says how it saves)
+and the adapter's "optional members" section (what each save mode calls), and ``_enter_batch`` /
 ``_leave_batch`` (how the adapter steps the loop's clock around a batch).
 """
 
@@ -188,12 +189,20 @@ class PlainAdapter:
         self._record("validate")
         return {"validation_loss": self.w}
 
-    def prepare_checkpoint(self) -> None:
-        self._record("prepare_checkpoint")
-
     def save(self, path: Path) -> None:
         self._record("save", self.w)
         self._write(self._state(), path)
+
+    def close(self) -> None:
+        self._record("close")
+        if self._writes is not None:
+            self._writes.shutdown(wait=True)
+            self._writes = None
+
+    # -- the optional members: what each save mode calls (``_declare_save_mode`` says which mode) -----
+
+    def prepare_checkpoint(self) -> None:
+        self._record("prepare_checkpoint")
 
     def wants_snapshot(self) -> bool:
         return self.snapshot_wanted
@@ -211,12 +220,6 @@ class PlainAdapter:
         if self._writes is None:
             self._writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plain-shard-writer")
         return self._writes.submit(self._write, self._state(), path)
-
-    def close(self) -> None:
-        self._record("close")
-        if self._writes is not None:
-            self._writes.shutdown(wait=True)
-            self._writes = None
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -256,10 +259,6 @@ class PlainRun:
         self.reason, self.events, self.adapter, self.recorder = reason, events, adapter, recorder
         self.trial_id, self.checkpoints, self.training, self.validation = trial_id, checkpoints, training, validation
         self.stored: dict[str, StoredCheckpoint] = {}  # by uuid
-
-    def names(self, *keep: str) -> list[Event]:
-        """The events whose name is in ``keep`` (all when empty), each as its name alone."""
-        return [(e[0],) for e in self.events if not keep or e[0] in keep]
 
     def steps_of(self, name: str) -> list[int]:
         """For each ``name`` event, how many batches had been trained then."""
@@ -306,4 +305,4 @@ def run_loop(run_dir: Path, *, latest_checkpoint: str | None = None, mode: SaveM
                     trial_state=json.loads((path / TRIAL_STATE_FILE).read_text()),
                     model=json.loads((path / MODEL_FILE).read_text()),
                 )
-        return run
+    return run

@@ -111,7 +111,7 @@ _CHECKPOINT_AT_THE_END = pytest.mark.xfail(strict=True, reason=(
 def test_a_run_resumed_at_its_length_trains_and_validates_nothing_more(
     tmp_path: Path, checkpoint_period: Batch | None,
 ) -> None:
-    settings = {"max_length": Batch(6), "validation_period": Batch(4), "checkpoint_period": checkpoint_period}
+    settings: dict[str, Any] = {"max_length": Batch(6), "validation_period": Batch(4), "checkpoint_period": checkpoint_period}
     first = run_loop(tmp_path, **settings)
     assert first.steps_of("validation_end") == [4, 6]
     second = run_loop(tmp_path, latest_checkpoint=first.checkpoints[-1].uuid, **settings)
