@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import AfterValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, create_model, model_validator
 
 from determined_trials.config._base import ConfigProblems, StrictModel, tagged_union
 from determined_trials.config._det_keys import drop_unused_keys
@@ -128,7 +128,7 @@ class AzureStorage(_StorageBase):
         return self
 
 
-StorageSection = Union[SharedFSStorage, DirectoryStorage, S3Storage, GCSStorage, AzureStorage]
+StorageSection = SharedFSStorage | DirectoryStorage | S3Storage | GCSStorage | AzureStorage
 """A parsed `checkpoint_storage` mapping: what `parse_storage` returns and the backends take."""
 
 
@@ -172,15 +172,14 @@ StorageConfig = tagged_union(
 """`checkpoint_storage`: None, a path or URI string, or a shared_fs/directory/s3/gcs/azure mapping."""
 
 
-class _Holder(StrictModel):
-    """`checkpoint_storage` alone, so that its problems are located and worded as in an experiment config."""
-
-    checkpoint_storage: StorageConfig
+_Holder = create_model("_Holder", __base__=StrictModel, checkpoint_storage=(StorageConfig, ...))
+"""`checkpoint_storage` alone, so that its problems are located and worded as in an experiment config."""
 
 
 def _validated(value: Any) -> StorageSection | str | None:
     try:
-        parsed: StorageSection | str | None = _Holder.model_validate({"checkpoint_storage": value}).checkpoint_storage
+        parsed: StorageSection | str | None = dict(_Holder.model_validate({"checkpoint_storage": value}))[
+            "checkpoint_storage"]
     except ValidationError as exc:
         raise_problems(problems_from_validation(exc, _Holder), what="checkpoint storage")
     return parsed
@@ -207,7 +206,7 @@ def parse_storage(spec: Any) -> StorageSection | None:
     a section (returned as is) or another object with ``model_dump()``. Raises ``ConfigError`` naming each
     problem's key and its fix, worded as in an experiment config.
     """
-    if isinstance(spec, _StorageBase) or spec is None:
+    if isinstance(spec, StorageSection) or spec is None:
         return spec
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
