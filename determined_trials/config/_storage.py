@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
 from pydantic import AfterValidator, Field, ValidationError, create_model, model_validator
@@ -14,7 +14,6 @@ from pydantic import AfterValidator, Field, ValidationError, create_model, model
 from determined_trials.config._base import ConfigProblems, StrictModel, tagged_union
 from determined_trials.config._det_keys import drop_unused_keys
 from determined_trials.config._errors import problems_from_validation, raise_problems
-from determined_trials.errors import ConfigError
 
 __all__ = ["AZURE_CONNECTION_ENV", "AzureStorage", "DirectoryStorage", "GCSStorage", "S3Storage", "SharedFSStorage",
            "StorageConfig", "StorageSection", "parse_storage"]
@@ -165,11 +164,18 @@ StorageConfig = tagged_union(
         "_path": Annotated[str, AfterValidator(_checked_uri)],
     },
     key="type",
-    what="a directory path, an `s3://`, `gs://` or `az://` URI, or a mapping with `type:`",
+    what=f"{_URIS}, or a mapping with `type:`",
     fallback=_untyped,
     nullable=True,
 )
 """`checkpoint_storage`: None, a path or URI string, or a shared_fs/directory/s3/gcs/azure mapping."""
+
+
+@runtime_checkable
+class _Dumps(Protocol):
+    """A config object other than a section (a pydantic model, a look-alike): read as its mapping."""
+
+    def model_dump(self) -> Mapping[str, Any]: ...
 
 
 _Holder = create_model("_Holder", __base__=StrictModel, checkpoint_storage=(StorageConfig, ...))
@@ -191,10 +197,10 @@ def _from_uri(text: str) -> dict[str, Any]:
     if section["type"] == "azure":
         section["connection_string"] = os.environ.get(AZURE_CONNECTION_ENV) or None
         if section["connection_string"] is None:
-            raise ConfigError(
-                f"checkpoint_storage {text!r} takes its connection string from {AZURE_CONNECTION_ENV}, which is "
-                "not set; set it, or write checkpoint_storage as {type: azure, container: ..., connection_string: "
-                "...}")
+            raise_problems([(("checkpoint_storage",), (
+                f"{text!r} takes its connection string from {AZURE_CONNECTION_ENV}, which is not set. Fix: set "
+                "it, or write checkpoint_storage as {type: azure, container: ..., connection_string: ...}"))],
+                what="checkpoint storage")
     return section
 
 
@@ -210,7 +216,7 @@ def parse_storage(spec: Any) -> StorageSection | None:
         return spec
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
-    elif callable(getattr(spec, "model_dump", None)):
+    elif isinstance(spec, _Dumps):
         spec = spec.model_dump()
     if isinstance(spec, Mapping):
         spec = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in spec.items()}
