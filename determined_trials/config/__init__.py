@@ -2,7 +2,8 @@
 hyperparameter helpers (`sample_hparams`, `grid_points`).
 
 Owns YAML loading with a budget (``_load``), the pydantic schema, hyperparameter specs with grid and random
-sampling, and the generated reference (``_reference``).
+sampling, the checkpoint storage section with every rule about it (``parse_storage``: a path, URI or mapping
+-> the typed section the storage backends take), and the generated reference (``_reference``).
 
 May import: errors
 """
@@ -40,15 +41,19 @@ from determined_trials.config._searcher import (
     SingleSearcher,
 )
 from determined_trials.config._storage import (
+    AZURE_CONNECTION_ENV,
     AzureStorage,
     DirectoryStorage,
     GCSStorage,
     S3Storage,
     SharedFSStorage,
     StorageConfig,
+    StorageSection,
+    parse_storage,
 )
 
 __all__ = [
+    "AZURE_CONNECTION_ENV",
     "AdaptiveASHASearcher",
     "AzureStorage",
     "CategoricalHP",
@@ -80,9 +85,11 @@ __all__ = [
     "SharedFSStorage",
     "SingleSearcher",
     "StorageConfig",
+    "StorageSection",
     "grid_points",
     "hparam_leaves",
     "parse_space",
+    "parse_storage",
     "load_config",
     "sample_hparams",
 ]

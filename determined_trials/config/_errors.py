@@ -252,10 +252,12 @@ def problems_from_validation(
     return problems
 
 
-def raise_problems(problems: list[tuple[Loc, str]], *, source: str | None = None) -> NoReturn:
-    """Raise one ConfigError listing every problem as `path: message`."""
+def raise_problems(
+    problems: list[tuple[Loc, str]], *, source: str | None = None, what: str = "experiment configuration"
+) -> NoReturn:
+    """Raise one ConfigError listing every problem (in ``what``) as `path: message`."""
     where = f" in {source}" if source else ""
     count = len(problems)
-    lines = [f"Invalid experiment configuration{where} ({count} problem{'s' if count != 1 else ''}):"]
+    lines = [f"Invalid {what}{where} ({count} problem{'s' if count != 1 else ''}):"]
     lines += [f"  - {format_path(loc)}: {msg}" for loc, msg in problems]
     raise ConfigError("\n".join(lines))

@@ -1,15 +1,29 @@
-"""The `checkpoint_storage` section: a path/URI string or a mapping chosen by `type`."""
+"""The `checkpoint_storage` section: a path/URI string or a mapping chosen by `type`, every rule about it,
+and `parse_storage`, which turns each accepted form into one typed section (what the backends take)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+from urllib.parse import urlparse
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, ValidationError, create_model, model_validator
 
-from determined_trials.config._base import StrictModel, tagged_union
+from determined_trials.config._base import ConfigProblems, StrictModel, tagged_union
 from determined_trials.config._det_keys import drop_unused_keys
+from determined_trials.config._errors import problems_from_validation, raise_problems
 
-__all__ = ["AzureStorage", "DirectoryStorage", "GCSStorage", "S3Storage", "SharedFSStorage", "StorageConfig"]
+__all__ = ["AZURE_CONNECTION_ENV", "AzureStorage", "DirectoryStorage", "GCSStorage", "S3Storage", "SharedFSStorage",
+           "StorageConfig", "StorageSection", "parse_storage"]
+
+AZURE_CONNECTION_ENV = "AZURE_STORAGE_CONNECTION_STRING"
+"""Where an ``az://`` URI takes its connection string from."""
+_URIS = ("a directory path, file:///path, s3://<bucket>[/<prefix>], gs://<bucket>[/<prefix>] or "
+         "az://<container>[/<prefix>]")
+_SCHEMES = {"s3": ("s3", "bucket"), "gs": ("gcs", "bucket"), "az": ("azure", "container")}
+"""URI scheme -> the storage type and the key that names its bucket."""
 
 
 class _StorageBase(StrictModel):
@@ -36,12 +50,32 @@ class SharedFSStorage(_StorageBase):
         default=None, min_length=1, description="a sub-directory of host_path, e.g. `storage_path: my-exp`"
     )
 
+    @model_validator(mode="after")
+    def _inside_host_path(self) -> SharedFSStorage:
+        path = Path(self.storage_path or "").expanduser()
+        if path.is_absolute() and not path.resolve().is_relative_to(Path(self.host_path).expanduser().resolve()):
+            raise ConfigProblems.at(("storage_path",), (
+                f"{self.storage_path!r} lies outside host_path {self.host_path!r}. Fix: make it relative to "
+                "host_path or a folder inside it"))
+        return self
+
+    @property
+    def directory(self) -> Path:
+        """host_path, or storage_path inside it (a relative storage_path is taken relative to host_path)."""
+        host = Path(self.host_path).expanduser()
+        return host if self.storage_path is None else host / Path(self.storage_path).expanduser()
+
 
 class DirectoryStorage(_StorageBase):
     """A plain local directory."""
 
     type: Literal["directory"] = "directory"
     container_path: str = Field(min_length=1, description="the directory, e.g. `container_path: ./ckpts`")
+
+    @property
+    def directory(self) -> Path:
+        """container_path, with ``~`` expanded."""
+        return Path(self.container_path).expanduser()
 
 
 class S3Storage(_StorageBase):
@@ -84,10 +118,39 @@ class AzureStorage(_StorageBase):
     @model_validator(mode="after")
     def _one_way_in(self) -> AzureStorage:
         if (self.connection_string is None) == (self.account_url is None):
-            raise ValueError("give exactly one of connection_string and account_url (with credential)")
+            given = "both" if self.account_url is not None else "neither"
+            raise ValueError(f"give exactly one of connection_string and account_url (with credential); {given} "
+                             "given. Fix: keep connection_string, or account_url with an optional credential")
         if self.credential is not None and self.account_url is None:
-            raise ValueError("credential goes with account_url, not with connection_string")
+            raise ConfigProblems.at(("credential",), "credential goes with account_url, not with "
+                                    "connection_string. Fix: drop it (the connection string holds the key)")
         return self
+
+
+StorageSection = SharedFSStorage | DirectoryStorage | S3Storage | GCSStorage | AzureStorage
+"""A parsed `checkpoint_storage` mapping: what `parse_storage` returns and the backends take."""
+
+
+def _uri_section(text: str) -> dict[str, Any]:
+    """The section a path or URI names, as a mapping; ValueError saying what is wrong and how to fix it."""
+    if not text.strip():
+        raise ValueError(f"is blank. Fix: give {_URIS}")
+    if "://" not in text:
+        return {"type": "directory", "container_path": text}
+    url = urlparse(text)
+    if url.scheme == "file":
+        return {"type": "directory", "container_path": url.path}
+    if url.scheme not in _SCHEMES:
+        raise ValueError(f"URI scheme {url.scheme!r} is not supported ({text!r}). Fix: use {_URIS}")
+    kind, key = _SCHEMES[url.scheme]
+    if not url.netloc:
+        raise ValueError(f"{text!r} names no {key}. Fix: write {url.scheme}://<{key}>[/<prefix>]")
+    return {"type": kind, key: url.netloc, "prefix": url.path.strip("/")}
+
+
+def _checked_uri(text: str) -> str:
+    _uri_section(text)
+    return text
 
 
 def _untyped(value: Any) -> str | None:
@@ -98,11 +161,67 @@ StorageConfig = tagged_union(
     {
         "shared_fs": SharedFSStorage, "directory": DirectoryStorage, "s3": S3Storage, "gcs": GCSStorage,
         "azure": AzureStorage,
-        "_path": Annotated[str, Field(min_length=1)],
+        "_path": Annotated[str, AfterValidator(_checked_uri)],
     },
     key="type",
-    what="a directory path, an `s3://`, `gs://` or `az://` URI, or a mapping with `type:`",
+    what=f"{_URIS}, or a mapping with `type:`",
     fallback=_untyped,
     nullable=True,
 )
 """`checkpoint_storage`: None, a path or URI string, or a shared_fs/directory/s3/gcs/azure mapping."""
+
+
+@runtime_checkable
+class _Dumps(Protocol):
+    """A config object other than a section (a pydantic model, a look-alike): read as its mapping."""
+
+    def model_dump(self) -> Mapping[str, Any]: ...
+
+
+_Holder = create_model("_Holder", __base__=StrictModel, checkpoint_storage=(StorageConfig, ...))
+"""`checkpoint_storage` alone, so that its problems are located and worded as in an experiment config."""
+
+
+def _validated(value: Any) -> StorageSection | str | None:
+    try:
+        parsed: StorageSection | str | None = dict(_Holder.model_validate({"checkpoint_storage": value}))[
+            "checkpoint_storage"]
+    except ValidationError as exc:
+        raise_problems(problems_from_validation(exc, _Holder), what="checkpoint storage")
+    return parsed
+
+
+def _from_uri(text: str) -> dict[str, Any]:
+    """The section of a path or URI; an ``az://`` URI's connection string is the environment's."""
+    section = _uri_section(text)
+    if section["type"] == "azure":
+        section["connection_string"] = os.environ.get(AZURE_CONNECTION_ENV) or None
+        if section["connection_string"] is None:
+            raise_problems([(("checkpoint_storage",), (
+                f"{text!r} takes its connection string from {AZURE_CONNECTION_ENV}, which is not set. Fix: set "
+                "it, or write checkpoint_storage as {type: azure, container: ..., connection_string: ...}"))],
+                what="checkpoint storage")
+    return section
+
+
+def parse_storage(spec: Any) -> StorageSection | None:
+    """The typed section of a ``checkpoint_storage`` value, or None (the caller's default directory).
+
+    ``spec`` is a path (str or PathLike) or a ``file://``, ``s3://``, ``gs://`` or ``az://`` URI (its
+    connection string from ``AZURE_STORAGE_CONNECTION_STRING``), a mapping (path values may be PathLike),
+    a section (returned as is) or another object with ``model_dump()``. Raises ``ConfigError`` naming each
+    problem's key and its fix, worded as in an experiment config.
+    """
+    if isinstance(spec, StorageSection) or spec is None:
+        return spec
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    elif isinstance(spec, _Dumps):
+        spec = spec.model_dump()
+    if isinstance(spec, Mapping):
+        spec = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in spec.items()}
+    parsed = _validated(spec)
+    if isinstance(parsed, str):
+        parsed = _validated(_from_uri(parsed))
+        assert not isinstance(parsed, str)
+    return parsed

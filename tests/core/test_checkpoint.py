@@ -311,30 +311,73 @@ def test_az_uri_takes_the_connection_string_from_the_environment(tmp_path: Path,
 @pytest.mark.parametrize(
     "spec, match",
     [
-        ({"type": "shard_fs", "host_path": "/x"}, "did you mean 'shared_fs'"),
-        ({"host_path": "/x"}, "type None is not supported"),
-        ({"type": "s3", "prefix": "p"}, "bucket is required"),
+        ({"type": "shard_fs", "host_path": "/x"}, "Did you mean 'shared_fs'"),
+        ({"host_path": "/x"}, "type: required key is missing"),
+        ({"type": "s3", "prefix": "p"}, "bucket: required key is missing"),
         ({"type": "s3", "bucket": "ab"}, "invalid S3 bucket name"),
-        ({"type": "s3", "bucket": "abc", "endpoint": "http://x"}, "did you mean 'endpoint_url'"),
-        ({"type": "directory"}, "container_path is required"),
+        ({"type": "s3", "bucket": "abc", "endpoint": "http://x"}, "Did you mean 'endpoint_url'"),
+        ({"type": "directory"}, "container_path: required key is missing"),
         ({"type": "shared_fs", "host_path": "/a", "storage_path": "/b"}, "outside host_path"),
-        ({"type": "gcs", "prefix": "p"}, "bucket is required for type 'gcs'"),
+        ({"type": "gcs", "prefix": "p"}, "bucket: required key is missing.*bucket: my-checkpoints"),
         ({"type": "gcs", "bucket": "Upper"}, "invalid GCS bucket name"),
-        ({"type": "azure", "connection_string": "x"}, "container is required"),
+        ({"type": "azure", "connection_string": "x"}, "container: required key is missing"),
         ({"type": "azure", "container": "a--b", "connection_string": "x"}, "invalid Azure container name"),
         ({"type": "azure", "container": "abc"}, "exactly one of"),
         ({"type": "azure", "container": "abc", "connection_string": "x", "account_url": "u"}, "exactly one of"),
         ({"type": "azure", "container": "abc", "connection_string": "x", "credential": "k"}, "goes with account_url"),
-        ({"type": "gcs", "bucket": "abc", "container": "c"}, "not a field of type 'gcs'"),
+        ({"type": "gcs", "bucket": "abc", "container": "c"}, r"container: unknown key.*keys allowed here: .*endpoint_url\)"),
         ("hdfs://bucket/x", "not supported"),
         ("s3://", "names no bucket"),
         ("az:///p", "names no container"),
-        (42, "must be a directory path"),
+        (42, "expected a directory path"),
+        ("", "is blank. Fix: give a directory path"),
+        ("  ", "is blank"),
     ],
 )
 def test_storage_from_spec_errors(tmp_path: Path, spec: Any, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         storage_from_spec(spec, default_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "spec, key",
+    [
+        ({"type": "azure", "container": "abc"}, "checkpoint_storage"),
+        ({"type": "azure", "container": "abc", "account_url": "https://a", "connection_string": "x"},
+         "checkpoint_storage"),
+        ({"type": "azure", "container": "abc", "connection_string": "x", "credential": "k"},
+         "checkpoint_storage.credential"),
+        ({"type": "shared_fs", "host_path": "/a", "storage_path": "/b"}, "checkpoint_storage.storage_path"),
+        ({"type": "s3", "prefix": "p"}, "checkpoint_storage.bucket"),
+        ("hdfs://bucket/x", "checkpoint_storage"),
+    ],
+)
+def test_each_storage_rule_says_one_message_through_every_entry_point(tmp_path: Path, spec: Any, key: str) -> None:
+    """core.init(checkpoint_storage=...), core.init(config=...), load_config, create_experiment and
+    storage_from_spec: the same problem line, from the one rule in the config's storage section."""
+    from determined_trials import core
+    from determined_trials.config import load_config
+    from determined_trials.experiment import create_experiment
+
+    config = {"entrypoint": "python3 train.py", "checkpoint_storage": spec,
+              "searcher": {"name": "single", "metric": "loss", "max_length": 1}}
+    (tmp_path / "ctx").mkdir()
+
+    def problem(call: Any) -> str:
+        with pytest.raises(ConfigError) as caught:
+            call()
+        lines = [line for line in str(caught.value).splitlines() if line.startswith(f"  - {key}: ")]
+        assert len(lines) == 1, caught.value
+        return lines[0]
+
+    said = {
+        problem(lambda: storage_from_spec(spec, default_dir=tmp_path)),
+        problem(lambda: core.init(checkpoint_storage=spec, run_dir=tmp_path / "a")),
+        problem(lambda: core.init(config=config, run_dir=tmp_path / "b")),
+        problem(lambda: load_config(config)),
+        problem(lambda: create_experiment(config, tmp_path / "ctx", run_dir=tmp_path / "c")),
+    }
+    assert len(said) == 1, said
 
 
 def test_a_storage_path_that_is_a_file_is_refused(tmp_path: Path) -> None:

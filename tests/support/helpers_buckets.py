@@ -159,10 +159,12 @@ def bucket_spec(kind: str, server: str, prefix: str = "runs/exp1") -> dict[str, 
     """A new, empty bucket (container) on ``server`` as a checkpoint_storage mapping."""
     name = f"ckpt-{uuid.uuid4().hex[:12]}"
     if kind == "s3":
+        from determined_trials import config
         from determined_trials.core.storage import S3Storage
 
-        S3Storage(name, endpoint_url=server, **S3_KEYS)._make_client().create_bucket(Bucket=name)
-        return {"type": "s3", "bucket": name, "prefix": prefix, "endpoint_url": server, **S3_KEYS}
+        spec = {"type": "s3", "bucket": name, "prefix": prefix, "endpoint_url": server, **S3_KEYS}
+        S3Storage(config.S3Storage(**spec))._make_client().create_bucket(Bucket=name)
+        return spec
     if kind == "gcs":
         from google.cloud import storage
 

@@ -1,6 +1,7 @@
-"""Checkpoint storage backends (a directory, S3, GCS, Azure Blob) behind one StorageManager interface.
+"""Checkpoint storage backends (a directory, S3, GCS, Azure Blob) behind one StorageManager interface, each
+built from the section ``config.parse_storage`` makes of a ``checkpoint_storage`` value.
 
-May import: errors
+May import: errors, config
 """
 
 from __future__ import annotations

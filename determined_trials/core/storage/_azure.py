@@ -8,9 +8,9 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from determined_trials.config import AzureStorage as AzureSection
 from determined_trials.core.storage._base import StorageError
 from determined_trials.core.storage._remote import RemoteStorage, require_package
-from determined_trials.errors import ConfigError
 
 __all__ = ["AzureStorage"]
 
@@ -33,20 +33,12 @@ class AzureStorage(RemoteStorage):
     name_rule = ("3-63 characters of lowercase letters, digits and single '-' between them, starting with a "
                  "letter or digit")
 
-    def __init__(self, container: str, prefix: str | None = None, *, connection_string: str | None = None,
-                 account_url: str | None = None, credential: str | None = None) -> None:
-        super().__init__(container, prefix)
-        if bool(connection_string) == bool(account_url):
-            raise ConfigError(
-                "Azure checkpoint storage needs exactly one of checkpoint_storage.connection_string and "
-                "checkpoint_storage.account_url (with credential)"
-            )
-        if credential and not account_url:
-            raise ConfigError("checkpoint_storage.credential goes with account_url, not with connection_string")
+    def __init__(self, section: AzureSection) -> None:
+        super().__init__(section.container, section.prefix)
         require_package("azure.storage.blob", "azure", "Azure")
-        self._connection_string = connection_string
-        self.account_url = account_url
-        self._credential = credential
+        self._connection_string = section.connection_string
+        self.account_url = section.account_url
+        self._credential = section.credential
 
     @property
     def container(self) -> str:

@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from determined_trials.config import GCSStorage as GCSSection
 from determined_trials.core.storage._base import StorageError
 from determined_trials.core.storage._remote import RemoteStorage, require_package
 
@@ -32,10 +33,10 @@ class GCSStorage(RemoteStorage):
     name_rule = ("3-63 characters of lowercase letters, digits, '-', '_' and '.', starting and ending with a "
                  "letter or digit")
 
-    def __init__(self, bucket: str, prefix: str | None = None, *, endpoint_url: str | None = None) -> None:
-        super().__init__(bucket, prefix)
+    def __init__(self, section: GCSSection) -> None:
+        super().__init__(section.bucket, section.prefix)
         require_package("google.cloud.storage", "gcs", "GCS")
-        self.endpoint_url = endpoint_url or None
+        self.endpoint_url = section.endpoint_url or None
 
     def _endpoint(self) -> str | None:
         return self.endpoint_url or os.environ.get("STORAGE_EMULATOR_HOST") or None

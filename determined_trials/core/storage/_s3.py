@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from determined_trials.config import S3Storage as S3Section
 from determined_trials.core.storage._base import StorageError
 from determined_trials.core.storage._remote import RemoteStorage
 
@@ -31,20 +32,13 @@ class S3Storage(RemoteStorage):
     name_pattern = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
     name_rule = "3-63 characters of lowercase letters, digits, '.' and '-', starting and ending with a letter or digit"
 
-    def __init__(
-        self,
-        bucket: str,
-        prefix: str | None = None,
-        *,
-        endpoint_url: str | None = None,
-        access_key: str | None = None,
-        secret_key: str | None = None,
-        region: str | None = None,
-    ) -> None:
-        super().__init__(bucket, prefix)
+    def __init__(self, section: S3Section) -> None:
+        super().__init__(section.bucket, section.prefix)
         env = os.environ
-        self.endpoint_url = endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
-        self._credentials = {"access_key": access_key, "secret_key": secret_key, "region": region}
+        self.endpoint_url = (section.endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+                             or None)
+        self._credentials = {"access_key": section.access_key, "secret_key": section.secret_key,
+                             "region": section.region}
 
     def _endpoint(self) -> str | None:
         return self.endpoint_url
