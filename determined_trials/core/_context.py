@@ -29,9 +29,9 @@ from determined_trials.core._searcher import (
     Unit,
 )
 from determined_trials.core._train import EarlyExitReason, TensorboardMode, TrainContext
-from determined_trials.core.channel._client import open_store
+from determined_trials.core.channel._client import open_store, own_store
 from determined_trials.core.storage import storage_from_spec
-from determined_trials.core.store import RunState
+from determined_trials.core.store import RunState, TrialStore
 from determined_trials.core.store._checkpoint_recovery import (
     recover_checkpoints,
     recover_run_checkpoints,
@@ -76,7 +76,7 @@ class Context:
         searcher: SearcherContext,
         profiler: ProfilerContext,
         info: ClusterInfo,
-        store: LocalStore,
+        store: TrialStore,
         owns_distributed: bool = False,
     ) -> None:
         self.checkpoint = checkpoint
@@ -159,7 +159,7 @@ class Context:
             state, reason = RunState.COMPLETED, None
         self.store.set_trial_state(trial_id, state, reason)
         if get_cluster_info() is None:  # a bare script is its own one-trial experiment
-            self.store.set_experiment_state(self.info.trial.experiment_id, state, reason)
+            own_store(self.store).set_experiment_state(self.info.trial.experiment_id, state, reason)
 
 
 def _outcome(exc: BaseException | None, invalid_hp: bool, preempted: bool) -> Outcome:
@@ -211,7 +211,7 @@ def init(
     if tracking and dist.get_rank() == 0:
         check_trackers(exp_config, run_path)  # a missing package or an unanswering server: before any batch
     store = open_store(run_path)
-    trial = info.trial if info is not None else _register_bare_trial(store, dist, exp_config)
+    trial = info.trial if info is not None else _register_bare_trial(own_store(store), dist, exp_config)
     cluster_info = info or ClusterInfo(trial=trial, run_dir=str(run_path))
     if dist.get_rank() == 0:
         remove_stale_staging(storage)
@@ -278,7 +278,7 @@ def _register_bare_trial(store: LocalStore, dist: DistributedContext, config: Ex
 
 
 def _build_train(
-    store: LocalStore, trial: TrialInfo, dist: DistributedContext, mode: TensorboardMode,
+    store: TrialStore, trial: TrialInfo, dist: DistributedContext, mode: TensorboardMode,
     run_path: Path, config: ExperimentConfig,
 ) -> TrainContext:
     tb_dir = run_path / "tensorboard" / f"experiment_{trial.experiment_id}" / f"trial_{trial.trial_id}"
@@ -290,7 +290,7 @@ def _build_train(
 
 
 def _build_searcher(
-    store: LocalStore, trial: TrialInfo, dist: DistributedContext, config: ExperimentConfig,
+    store: TrialStore, trial: TrialInfo, dist: DistributedContext, config: ExperimentConfig,
     info: ClusterInfo | None, *, before_record: Callable[[], None],
 ) -> SearcherContext:
     max_length = config.searcher.max_length
@@ -303,7 +303,7 @@ def _build_searcher(
     )
 
 
-def _profiler_reporter(store: LocalStore, trial_id: int) -> Any:
+def _profiler_reporter(store: TrialStore, trial_id: int) -> Any:
     def report(group: str, steps: int, metrics: dict[str, Any]) -> None:
         store.add_metrics(trial_id=trial_id, group=group, steps_completed=steps, metrics=metrics)
 
@@ -313,7 +313,7 @@ def _profiler_reporter(store: LocalStore, trial_id: int) -> Any:
 class _StoreRecorder:
     """Records checkpoints of one trial in the store (what the cluster master would do)."""
 
-    def __init__(self, store: LocalStore, trial_id: int, storage: str, before_record: Callable[[], None]) -> None:
+    def __init__(self, store: TrialStore, trial_id: int, storage: str, before_record: Callable[[], None]) -> None:
         self._store = store
         self._trial_id = trial_id
         self._storage = storage

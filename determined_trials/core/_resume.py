@@ -15,7 +15,8 @@ import sys
 from typing import TYPE_CHECKING, Protocol
 
 from determined_trials._info import TrialInfo
-from determined_trials.core.store import RunState
+from determined_trials.core.channel._client import own_store
+from determined_trials.core.store import RunState, TrialStore
 from determined_trials.core.store._owner import claim_experiment
 from determined_trials.core.store._records import NotFoundError
 
@@ -30,7 +31,7 @@ class Context(Protocol):
     """What resuming needs of the Core API ``Context`` (which calls this module from ``core.init``)."""
 
     distributed: DistributedContext
-    store: LocalStore
+    store: TrialStore
     info: ClusterInfo
     train: TrainContext
 
@@ -65,7 +66,7 @@ def continue_bare_run(context: Context, wanted: str | None) -> str | None:
     dist = context.distributed
     uuid = wanted
     if wanted == LATEST:
-        uuid = resolve_latest(context.store, context.info.trial) if dist.get_rank() == 0 else None
+        uuid = resolve_latest(own_store(context.store), context.info.trial) if dist.get_rank() == 0 else None
         if dist.get_size() > 1:
             uuid = dist.broadcast(uuid)
         if uuid is None:
@@ -100,7 +101,7 @@ def _steps_of(context: Context, storage_id: str) -> int | None:
     """The batches trained at checkpoint ``storage_id``; None when this run folder does not hold it (the
     script resumes another folder's checkpoint as this run's own new trial: nothing to supersede)."""
     try:
-        return context.store.checkpoint(storage_id).steps_completed
+        return own_store(context.store).checkpoint(storage_id).steps_completed
     except NotFoundError:
         return None
 
@@ -113,7 +114,7 @@ def resume_bare_trial(context: Context, storage_id: str) -> None:
     if dist.get_rank() == 0:
         adopted = _adoptable(context, storage_id)
         if adopted is not None:
-            store, mine = context.store, context.info.trial
+            store, mine = own_store(context.store), context.info.trial
             store.delete_experiment(mine.experiment_id)
             store.set_trial_state(adopted.trial_id, RunState.ACTIVE)
             store.set_experiment_state(adopted.experiment_id, RunState.ACTIVE)
@@ -125,7 +126,7 @@ def resume_bare_trial(context: Context, storage_id: str) -> None:
 
 
 def _adoptable(context: Context, storage_id: str) -> TrialInfo | None:
-    store, mine = context.store, context.info.trial
+    store, mine = own_store(context.store), context.info.trial
     try:
         owner_id = store.checkpoint(storage_id).trial_id
     except NotFoundError:

@@ -22,7 +22,7 @@ from determined_trials.core.store._report_buffer import DisplayFields, ReportBuf
 
 if TYPE_CHECKING:
     from determined_trials.core._distributed import DistributedContext
-    from determined_trials.core.store._local import LocalStore
+    from determined_trials.core.store import TrialStore
 
 __all__ = ["EarlyExitReason", "TensorboardMode", "TrainContext"]
 
@@ -49,7 +49,7 @@ class TrainContext:
     def __init__(
         self,
         *,
-        store: LocalStore,
+        store: TrialStore,
         trial_id: int,
         experiment_id: int,
         dist: DistributedContext,

@@ -1,8 +1,10 @@
 """The store channel: a trial's store calls reach the runner's SQLite store over ZeroMQ, only with the
-experiment's CURVE token; errors come back as the store raised them."""
+experiment's CURVE token; errors come back as the store raised them. Its contract, ``TrialStore``: what the
+server serves, with the signatures that ``LocalStore`` and the client both have."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -14,8 +16,9 @@ import zmq
 
 from determined_trials._info import CLUSTER_INFO_ENV
 from determined_trials.core import EarlyExitReason, LocalStore
-from determined_trials.core.channel._client import STORE_CHANNEL_ENV, ChannelError, RemoteStore, open_store
-from determined_trials.core.channel._server import ChannelToken, StoreChannelServer
+from determined_trials.core.channel._client import STORE_CHANNEL_ENV, ChannelError, RemoteStore, open_store, own_store
+from determined_trials.core.channel._server import ALLOWED_METHODS, ChannelToken, StoreChannelServer
+from determined_trials.core.store import TRIAL_STORE_METHODS, TrialStore
 from determined_trials.core.store._records import NotFoundError
 from determined_trials.experiment._launch import TrialLaunch
 
@@ -54,8 +57,8 @@ def test_writes_and_reads_go_through_the_channel(served: tuple[LocalStore, Store
         remote.set_trial_status(999, "x")
     with pytest.raises(ValueError, match="unknown trial state"):
         remote.set_trial_state(trial, "SLEEPING")
-    with pytest.raises(AttributeError, match="serves only"):
-        remote.create_experiment(name="x", config={})
+    with pytest.raises(AttributeError, match="'create_experiment'.* serves only the TrialStore methods"):
+        remote.create_experiment(name="x", config={})  # not in the contract: no request is sent
     remote.close()
 
 
@@ -82,9 +85,12 @@ def test_a_client_without_the_token_is_refused(served: tuple[LocalStore, StoreCh
 def test_a_refused_method_does_not_run(served: tuple[LocalStore, StoreChannelServer, int], tmp_path: Path) -> None:
     store, server, _ = served
     remote = RemoteStore(server.token, tmp_path, timeout_s=60)
-    with pytest.raises(ValueError, match="does not serve 'create_trial'"):
+    with pytest.raises(ValueError, match="does not serve 'create_trial': a trial process may call only the TrialStore"):
         remote.call("create_trial", experiment_id=1, hparams={}, seed=1)
+    with pytest.raises(ValueError, match="does not serve '_transaction'"):
+        remote.call("_transaction")
     assert len(store.trials(1)) == 1
+    assert server.requests == 2
 
 
 def test_open_store_picks_the_channel_from_the_environment(served: tuple[LocalStore, StoreChannelServer, int],
@@ -98,6 +104,51 @@ def test_open_store_picks_the_channel_from_the_environment(served: tuple[LocalSt
     monkeypatch.setenv(STORE_CHANNEL_ENV, "{not json")
     with pytest.raises(ValueError, match="malformed store channel token"):
         open_store(tmp_path / "c")
+
+
+def _contract_methods() -> set[str]:
+    """``TrialStore``'s methods, read from the class (not from ``TRIAL_STORE_METHODS``)."""
+    return {name for name, member in inspect.getmembers(TrialStore, inspect.isfunction) if not name.startswith("_")}
+
+
+def test_the_channel_serves_exactly_the_trial_store_contract() -> None:
+    assert ALLOWED_METHODS == TRIAL_STORE_METHODS == _contract_methods()
+    assert len(TRIAL_STORE_METHODS) == 26
+    runners_only = {"create_experiment", "create_trial", "delete_experiment", "set_experiment_state",
+                    "set_experiment_owner", "increment_trial_restarts", "checkpoint", "experiments", "close"}
+    assert not runners_only & TRIAL_STORE_METHODS
+    assert {"call", "send_log", "close"} | TRIAL_STORE_METHODS == {
+        name for name in dir(RemoteStore) if not name.startswith("_")}  # the client offers nothing untyped
+
+
+@pytest.mark.parametrize("name", sorted(_contract_methods()))
+def test_local_store_and_the_client_implement_each_contract_method(name: str) -> None:
+    contract = inspect.signature(getattr(TrialStore, name))
+    assert inspect.signature(getattr(LocalStore, name)) == contract
+    assert inspect.signature(getattr(RemoteStore, name)) == contract
+
+
+def test_the_client_forwards_each_argument_under_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
+    monkeypatch.setattr(RemoteStore, "call", lambda self, method, *a, **kw: sent.append((method, a, kw)))
+    remote = RemoteStore(ChannelToken("tcp://127.0.0.1:1", "s", "c", "k"), "elsewhere")
+    for name in sorted(TRIAL_STORE_METHODS):
+        signature = inspect.signature(getattr(LocalStore, name))
+        params = [p for p in signature.parameters.values() if p.name != "self"]
+        values = {p.name: f"<{name}.{p.name}>" for p in params}  # none equal to a default
+        getattr(remote, name)(*[values[p.name] for p in params if p.kind is p.POSITIONAL_OR_KEYWORD],
+                              **{p.name: values[p.name] for p in params if p.kind is p.KEYWORD_ONLY})
+        method, args, kwargs = sent.pop()
+        assert method == name
+        assert dict(signature.bind(None, *args, **kwargs).arguments) == {"self": None, **values}
+
+
+def test_a_plain_script_needs_the_run_folders_own_store(served: tuple[LocalStore, StoreChannelServer, int],
+                                                        tmp_path: Path) -> None:
+    store, server, _ = served
+    assert own_store(store) is store
+    with pytest.raises(RuntimeError, match=f"needs its run folder's own store.*unset \\${STORE_CHANNEL_ENV}"):
+        own_store(RemoteStore(server.token, tmp_path))
 
 
 @pytest.mark.slow

@@ -13,19 +13,12 @@ from typing import Any
 import zmq
 import zmq.auth.thread
 
+from determined_trials.core.store import TRIAL_STORE_METHODS
 from determined_trials.core.store._local import LocalStore, NotFoundError
 
 __all__ = ["ALLOWED_METHODS", "ChannelToken", "StoreChannelServer"]
 
-# What a trial process may call: the Core API's writes and the few reads trials make.
-ALLOWED_METHODS = frozenset({
-    "add_checkpoint", "add_metrics", "add_tracker_checkpoint", "add_metrics_reports", "best_validation", "checkpoints",
-    "drop_pending_checkpoint", "experiment", "final_metrics",
-    "get_trial_metadata", "latest_checkpoint", "mark_checkpoint_deleted", "metrics", "pending_checkpoints",
-    "record_searcher_op", "searcher_ops",
-    "set_trial_early_exit", "set_trial_metadata", "set_trial_progress", "set_trial_state", "set_trial_status",
-    "set_tracker_forwarded", "set_tracker_run", "supersede_metrics_after", "tracker_run", "trial",
-})
+ALLOWED_METHODS = TRIAL_STORE_METHODS  # what a trial process may call: the methods of the TrialStore contract
 LOG_METHOD = "trial_log"  # not a store method: lines of a trial's output for the runner's terminal and log
 _POLL_MS = 200
 
@@ -124,7 +117,8 @@ class StoreChannelServer:
                 self._log_sink(int(kwargs["trial_id"]), [str(line) for line in kwargs["lines"]])
             return None
         if method not in ALLOWED_METHODS:
-            raise ValueError(f"the store channel does not serve {method!r}")
+            raise ValueError(f"the store channel does not serve {method!r}: a trial process may call only "
+                             "the TrialStore methods (determined_trials.core.store)")
         return getattr(self._store, method)(*args, **kwargs)
 
     def close(self) -> None:

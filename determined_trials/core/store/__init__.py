@@ -6,7 +6,8 @@ reads and their record types (``_reads``, ``_records``), training reports held a
 (``_report_buffer``), experiment owners (``_owner``: pid + start time), settling checkpoints a killed writer left
 (``_checkpoint_recovery``) and the checkpoint retention policy that the runner and a plain ``fit`` share
 (``_retention``), and the states it records (``_states``: ``RunState`` of experiments and
-trials, ``CheckpointState``; both re-exported here for the rooms above).
+trials, ``CheckpointState``; both re-exported here for the rooms above), and the contract of a trial process's
+store calls (``_trial_store``: ``TrialStore``, which ``LocalStore`` and the store channel's client implement).
 
 ``core.storage`` to delete and settle checkpoint folders. Never ``core.transport`` or ``core.channel`` (the
 network sits above the store), nor any framework.
@@ -15,5 +16,6 @@ May import: errors, config, core.storage
 """
 
 from determined_trials.core.store._states import CheckpointState, RunState
+from determined_trials.core.store._trial_store import TRIAL_STORE_METHODS, TrialStore
 
-__all__ = ["CheckpointState", "RunState"]
+__all__ = ["TRIAL_STORE_METHODS", "CheckpointState", "RunState", "TrialStore"]

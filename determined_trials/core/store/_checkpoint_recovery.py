@@ -17,6 +17,7 @@ from determined_trials.core.store._states import RunState
 
 if TYPE_CHECKING:
     from determined_trials.core.store._local import LocalStore
+    from determined_trials.core.store._trial_store import TrialStore
 
 __all__ = ["STALE_STAGING_S", "recover_checkpoints", "recover_run_checkpoints", "remove_stale_staging"]
 
@@ -26,7 +27,7 @@ STALE_STAGING_S = 3600.0
 """Staging folders no live writer touched for this long are removed at start-up (orphans of crashes)."""
 
 
-def recover_checkpoints(store: LocalStore, storage: StorageManager, trial_id: int) -> tuple[list[str], list[str]]:
+def recover_checkpoints(store: TrialStore, storage: StorageManager, trial_id: int) -> tuple[list[str], list[str]]:
     """Settle ``trial_id``'s pending checkpoints (no writer of that trial may be running).
 
     Returns ``(completed, removed)``: the uuids now recorded as complete, and those deleted.
@@ -64,7 +65,7 @@ def _may_be_writing(store: LocalStore, experiment_id: int) -> bool:
     return owner is not None and owner_alive(*owner)
 
 
-def _settle(store: LocalStore, storage: StorageManager, trial_id: int, uuids: list[str]) -> tuple[list[str], list[str]]:
+def _settle(store: TrialStore, storage: StorageManager, trial_id: int, uuids: list[str]) -> tuple[list[str], list[str]]:
     completed: list[str] = []
     removed: list[str] = []
     for uuid in uuids:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from determined_trials.core.store._local import LocalStore
+    from determined_trials.core.store._trial_store import TrialStore
 
 __all__ = ["HOLD_S", "DisplayFields", "ReportBuffer"]
 
@@ -23,7 +23,7 @@ class ReportBuffer:
     one transaction. ``flush`` (any thread) stores what is held, then calls ``after_store``;
     ``add(now=True)`` stores at once."""
 
-    def __init__(self, store: LocalStore, trial_id: int, after_store: Callable[[], None] | None = None) -> None:
+    def __init__(self, store: TrialStore, trial_id: int, after_store: Callable[[], None] | None = None) -> None:
         self._store, self._trial_id = store, trial_id
         self._after_store = after_store
         self._held: list[dict[str, Any]] = []
@@ -31,7 +31,7 @@ class ReportBuffer:
         self._lock = threading.Lock()  # the checkpoint writer thread flushes before recording
 
     def add(self, report: dict[str, Any], *, now: bool = False) -> None:
-        """Hold ``report`` (``LocalStore.add_metrics_reports`` fields); store everything held when
+        """Hold ``report`` (``TrialStore.add_metrics_reports`` fields); store everything held when
         ``now`` or when the last store was ``HOLD_S`` ago."""
         with self._lock:
             self._held.append(report)
@@ -55,7 +55,7 @@ class DisplayFields:
     right after the reports are stored, so the progress a page shows goes with the batches it shows), and at
     close."""
 
-    def __init__(self, store: LocalStore, trial_id: int) -> None:
+    def __init__(self, store: TrialStore, trial_id: int) -> None:
         self._store, self._trial_id = store, trial_id
         self._pending: dict[str, Any] = {}
         self._written_at = -math.inf

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from determined_trials.core.store._local import LocalStore
+from determined_trials.core.store import TrialStore
 from determined_trials.core.trackers._sink import Outcome, Sink
 
 __all__ = ["FINISH_TIMEOUT_ENV", "Outcome", "TrackerForwarder"]
@@ -46,7 +46,7 @@ class TrackerForwarder:
     """Forwards trial ``trial_id``'s final rows to each sink (looking every ``poll_s``); ``start`` it, then
     ``finish`` it with the trial's outcome (a last pass, then each run's status)."""
 
-    def __init__(self, store: LocalStore, trial_id: int, sinks: Sequence[Sink], *, poll_s: float = _POLL_S) -> None:
+    def __init__(self, store: TrialStore, trial_id: int, sinks: Sequence[Sink], *, poll_s: float = _POLL_S) -> None:
         self._store = store
         self._trial_id = trial_id
         self._runs = [_Run(sink) for sink in sinks]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from determined_trials._info import TrialInfo
 from determined_trials.config import ExperimentConfig, Integrations
+from determined_trials.core.store import TrialStore
 from determined_trials.core.store._local import LocalStore
 from determined_trials.core.trackers._forwarder import TrackerForwarder
 from determined_trials.core.trackers._sink import Outcome, Sink, TrialFacts
@@ -83,7 +84,7 @@ def settle_trial_runs(store: LocalStore, config: ExperimentConfig, trial_id: int
         forwarder.finish(outcome, timeout_s)
 
 
-def open_forwarder(store: LocalStore, facts: TrialFacts, integrations: Integrations, *,
+def open_forwarder(store: TrialStore, facts: TrialFacts, integrations: Integrations, *,
                    only_existing: bool = False) -> TrackerForwarder | None:
     """The started forwarder of the trial's tracker runs (``only_existing``: of the runs it has already), or
     ``None`` when there is none to feed."""
