@@ -74,7 +74,7 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
         self._host_buffers = HostBuffers()
         self._after_first_batch = self._prepare_host_buffers
         self._check_wrapped()
-        self._sharded = any(is_fsdp(m) for m in context.models)  # FSDP2: every rank saves its shard of one DCP file
+        self._sharded = any(is_fsdp(m) for m in context.models)  # FSDP2: every rank saves its shard (save_mode)
         self._validation_checked = False
         self._positions = StreamPositions()  # a stream's per-rank positions, saved among the callbacks' state
         self._rank_rngs: list[Any] | None = None  # every rank's RNG states, gathered before each checkpoint
