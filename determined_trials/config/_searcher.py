@@ -69,6 +69,10 @@ class _SearcherBase(StrictModel):
         name = data.get("name") if isinstance(data, dict) else None
         return drop_unused_keys(data, f"searcher.{name}", cls.model_fields, "searcher ")
 
+    def concurrency_cap(self) -> int | None:
+        """Its ``max_concurrent_trials`` (0: as many as fit), or None for a searcher without the key (single, pbt)."""
+        return self.max_concurrent_trials if isinstance(self, _CAPPED) else None
+
 
 class SingleSearcher(_SearcherBase):
     """One trial with the hyperparameters as sampled."""
@@ -249,6 +253,8 @@ def optuna_sampler_problems(space: Any, searcher: OptunaSearcher) -> list[tuple[
                 f"{_CATEGORICAL_SAMPLERS[-1]}, or make it an int/double range")))
     return problems
 
+
+_CAPPED = (RandomSearcher, GridSearcher, AdaptiveASHASearcher, OptunaSearcher)  # those with max_concurrent_trials
 
 SearcherConfig = tagged_union(
     {

@@ -46,19 +46,25 @@ class DownloadMode(enum.Enum):
 
 
 class CheckpointRecorder(Protocol):
-    """Told about saved and deleted checkpoints (the local store implements it).
-
-    Optionally also ``checkpoint_pending(storage_id, metadata)`` (before anything is staged) and
-    ``checkpoint_dropped(storage_id)`` (the save failed): a pending checkpoint whose writer died is
-    settled at the next start (``recover_checkpoints``), published or not.
+    """Told about saved and deleted checkpoints (the local store implements it). A recorder subclasses
+    this protocol to inherit the no-op defaults of ``checkpoint_pending`` and ``checkpoint_dropped``.
     """
 
     def checkpoint_saved(self, storage_id: str, metadata: dict[str, Any], resources: dict[str, int]) -> None: ...
 
     def checkpoint_deleted(self, storage_id: str) -> None: ...
 
+    def checkpoint_pending(self, storage_id: str, metadata: dict[str, Any]) -> None:
+        """Before anything is staged (chief): a pending checkpoint whose writer died is settled at the next
+        start (``recover_checkpoints``), published or not. Default: nothing recorded."""
+        return None
 
-class _LoggingRecorder:
+    def checkpoint_dropped(self, storage_id: str) -> None:
+        """The save of a pending checkpoint failed. Default: nothing recorded."""
+        return None
+
+
+class _LoggingRecorder(CheckpointRecorder):
     """The recorder used when none is given: it only logs."""
 
     def checkpoint_saved(self, storage_id: str, metadata: dict[str, Any], resources: dict[str, int]) -> None:
@@ -213,14 +219,10 @@ class CheckpointContext:
 
     def _pending(self, storage_id: str, metadata: Mapping[str, Any] | None) -> None:
         """Record the checkpoint as pending before anything is staged (chief), so a crash can be settled."""
-        pending = getattr(self._recorder, "checkpoint_pending", None)
-        if pending is not None:
-            pending(storage_id, jsonable(metadata))
+        self._recorder.checkpoint_pending(storage_id, jsonable(metadata))
 
     def _dropped(self, storage_id: str) -> None:
-        dropped = getattr(self._recorder, "checkpoint_dropped", None)
-        if dropped is not None:
-            dropped(storage_id)
+        self._recorder.checkpoint_dropped(storage_id)
 
     def _save_single(self, storage_id: str, metadata: dict[str, Any], stage: Callable[[], None]) -> None:
         """Chief-only save: stage, commit (publish complete or not at all), record; abort on any failure."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from determined_trials._info import ClusterInfo, TrialInfo, get_cluster_info
 from determined_trials.config import ExperimentConfig, load_config, sample_hparams
-from determined_trials.core._checkpoint import CheckpointContext
+from determined_trials.core._checkpoint import CheckpointContext, CheckpointRecorder
 from determined_trials.core._distributed import DistributedContext
 from determined_trials.core._preempt import PreemptContext, PreemptMode
 from determined_trials.core._profiler import ProfilerContext
@@ -310,7 +310,7 @@ def _profiler_reporter(store: TrialStore, trial_id: int) -> Any:
     return report
 
 
-class _StoreRecorder:
+class _StoreRecorder(CheckpointRecorder):
     """Records checkpoints of one trial in the store (what the cluster master would do)."""
 
     def __init__(self, store: TrialStore, trial_id: int, storage: str, before_record: Callable[[], None]) -> None:

@@ -23,7 +23,16 @@ from determined_trials.deepspeed._data import (
     validation_loader,
 )
 from determined_trials.deepspeed._trial import DeepSpeedTrial
-from determined_trials.loop import DataShape, EpochCursor, HookRunner, TrialState, allgather, reduce_across_ranks
+from determined_trials.loop import (
+    DataShape,
+    EpochCursor,
+    HookRunner,
+    SaveMode,
+    TrialAdapter,
+    TrialState,
+    allgather,
+    reduce_across_ranks,
+)
 from determined_trials.pytorch.data._loader import require_opt_out
 from determined_trials.pytorch.data._stream import TrainingStream
 from determined_trials.pytorch.metrics._metrics import TrainingMetrics, ValidationMetrics
@@ -33,10 +42,10 @@ __all__ = ["DeepSpeedAdapter"]
 logger = logging.getLogger("determined_trials.deepspeed")
 
 
-class DeepSpeedAdapter:
-    """Runs one DeepSpeedTrial under the loop; saves on every rank (``sharded_save``)."""
+class DeepSpeedAdapter(TrialAdapter):
+    """Runs one DeepSpeedTrial under the loop; saves on every rank (``SaveMode.SHARDED``)."""
 
-    sharded_save = True
+    save_mode = SaveMode.SHARDED
 
     def __init__(self, trial: DeepSpeedTrial, context: DeepSpeedTrialContext, hooks: HookRunner) -> None:
         import deepspeed

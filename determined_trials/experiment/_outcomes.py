@@ -4,7 +4,6 @@ it after a failure (within ``max_restarts``), requeue it after a preemption or p
 from __future__ import annotations
 
 import signal
-from typing import Any
 
 from determined_trials.core.store import RunState
 from determined_trials.core.store._checkpoint_recovery import recover_checkpoints
@@ -12,6 +11,7 @@ from determined_trials.core.trackers import Outcome, settle_trial_runs
 from determined_trials.experiment._reported import metric_from_validations, missing_metric_reason
 from determined_trials.experiment._runner_state import RunnerState, RunningTrial, Work
 from determined_trials.launch import PREEMPTED_EXIT_CODE
+from determined_trials.searcher import TrialRequest
 
 __all__ = ["TrialOutcomes", "killed_from_outside"]
 
@@ -119,13 +119,12 @@ class TrialOutcomes(RunnerState):
         done = [op for op in self.store.searcher_ops(trial_id) if op.completed and op.length == length]
         return done[-1].metric if done else None
 
-    def _add_requests(self, requests: list[Any], current: Work) -> None:
+    def _add_requests(self, requests: list[TrialRequest], current: Work) -> None:
         """Queue the searcher's new trials (``current``: the trial whose end the searcher was just told)."""
         for r in requests:
-            work = Work(r.request_id, dict(r.hparams), int(r.seed), search_round=getattr(r, "search_round", None))
-            parent = getattr(r, "parent_request_id", None)
-            if parent is not None:
-                work.parent_trial_id, work.warm_start = self._parent_checkpoint(parent, current)
+            work = Work(r.request_id, dict(r.hparams), int(r.seed), search_round=r.search_round)
+            if r.parent_request_id is not None:
+                work.parent_trial_id, work.warm_start = self._parent_checkpoint(r.parent_request_id, current)
             self._queue.append(work)
 
     def _parent_checkpoint(self, request_id: int, current: Work) -> tuple[int, str]:
@@ -143,8 +142,7 @@ class TrialOutcomes(RunnerState):
         return trial_id, latest.uuid
 
     def _waiting(self, work: Work) -> bool:
-        waiting = getattr(self._searcher, "waiting", None)  # optional: searchers that hold trials between rounds
-        return bool(waiting and waiting(work.request_id))
+        return self._searcher.waiting(work.request_id)  # e.g. PBT's member until its round ends
 
     def _requeue_promoted(self) -> None:
         """Trials the searcher had stopped but now gives a longer length (a later ASHA promotion, PBT's next

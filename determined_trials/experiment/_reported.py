@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from determined_trials.config import AdaptiveASHASearcher
 from determined_trials.core.store._local import LocalStore
 
 __all__ = ["expects_operations", "metric_from_validations", "missing_metric_reason"]
@@ -15,7 +16,12 @@ __all__ = ["expects_operations", "metric_from_validations", "missing_metric_reas
 def expects_operations(searcher: Any) -> bool:
     """Whether trials are asked to complete searcher operations (``searcher.max_length`` is set): then a
     trial that completed none did not report the searcher metric."""
-    return getattr(searcher, "max_length", None) is not None
+    return searcher.max_length is not None
+
+
+def _time_metric(searcher: Any) -> str | None:
+    """The metric that measures a trial's length instead of ``max_length`` (ASHA's ``time_metric``), or None."""
+    return searcher.time_metric if isinstance(searcher, AdaptiveASHASearcher) else None
 
 
 def _number(value: Any) -> float | None:
@@ -30,7 +36,7 @@ def metric_from_validations(store: LocalStore, trial_id: int, searcher: Any, len
     no validation has it (or ``max_length`` is set: operations carry the metric then)."""
     if expects_operations(searcher):
         return None
-    time_metric = getattr(searcher, "time_metric", None)
+    time_metric = _time_metric(searcher)
     latest = None
     for record in store.metrics(trial_id, "validation"):
         value = _number(record.metrics.get(searcher.metric))
@@ -50,7 +56,7 @@ def missing_metric_reason(searcher: Any, length: int) -> str | None:
     expected of it (no ``max_length`` and no ``time_metric``: Determined 0.38 expects no report)."""
     if expects_operations(searcher):
         return f"exited without reporting the searcher metric for length {length}"
-    time_metric = getattr(searcher, "time_metric", None)
+    time_metric = _time_metric(searcher)
     if time_metric is not None:
         return f"exited without a validation of {searcher.metric!r} at {time_metric} {length} or later"
     return None

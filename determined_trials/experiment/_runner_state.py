@@ -12,6 +12,7 @@ from determined_trials.core.store._retention import RetentionPolicy, collect_gar
 from determined_trials.experiment._executor import LocalExecutor, TrialExecutor, TrialHandle
 from determined_trials.experiment._report import Display
 from determined_trials.experiment._tracebacks import TracebackCondenser
+from determined_trials.searcher import Searcher
 
 __all__ = ["RunnerState", "RunningTrial", "Work"]
 
@@ -48,7 +49,7 @@ class RunnerState:
     services all its parts use (messages, each trial's log echo, checkpoint garbage collection)."""
 
     def __init__(
-        self, *, store: LocalStore, experiment_id: int, config: Any, searcher: Any, exp_dir: Path,
+        self, *, store: LocalStore, experiment_id: int, config: Any, searcher: Searcher, exp_dir: Path,
         model_dir: Path, config_path: Path, max_parallel: int = 1, display: Display | None = None,
         gpus: list[str] | None = None, requested_parallel: int | None = None,
         executor: TrialExecutor | None = None,
@@ -82,9 +83,7 @@ class RunnerState:
         self._storage = storage_from_spec(config.checkpoint_storage, default_dir=store.path / "checkpoints")
         self._policy = RetentionPolicy.from_config(config)
         self._executor: TrialExecutor = executor or LocalExecutor()
-        cap_in_flight = getattr(searcher, "cap_in_flight", None)
-        if cap_in_flight is not None:  # optuna's: never more trials asked than run at once
-            cap_in_flight(self._max_parallel)
+        searcher.cap_in_flight(self._max_parallel)  # e.g. optuna's: never more trials asked than run at once
 
     # -- set-up and saved state -----------------------------------------------------------------
     def start_fresh(self) -> None:

@@ -83,7 +83,7 @@ def parallelism(config: ExperimentConfig, requested: int | None) -> int:
     if requested is None and config.resources.max_slots is not None:
         requested = config.resources.max_slots // per_trial
     wanted = max(1, requested or 1)
-    concurrent = getattr(config.searcher, "max_concurrent_trials", 0)
+    concurrent = config.searcher.concurrency_cap()
     if concurrent:
         wanted = min(wanted, concurrent)
     slots = len(visible_gpus()) or os.cpu_count() or 1
@@ -93,9 +93,10 @@ def parallelism(config: ExperimentConfig, requested: int | None) -> int:
 def _configured_parallel(config: ExperimentConfig) -> int | None:
     """The searcher's ``max_concurrent_trials`` when the config sets it (0: as many as fit), else None.
     Read from the config as the user wrote it (a re-parsed dump marks every default as set)."""
-    if "max_concurrent_trials" not in getattr(config.searcher, "model_fields_set", ()):
+    cap = config.searcher.concurrency_cap()
+    if cap is None or "max_concurrent_trials" not in config.searcher.model_fields_set:
         return None
-    return int(config.searcher.max_concurrent_trials) or (len(visible_gpus()) or os.cpu_count() or 1)
+    return int(cap) or (len(visible_gpus()) or os.cpu_count() or 1)
 
 
 def _snapshot_to_staging(context_dir: Path, run_path: Path, max_bytes: int, display: Display) -> Path:

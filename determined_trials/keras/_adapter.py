@@ -21,15 +21,16 @@ from determined_trials.keras._context import TFKerasTrialContext
 from determined_trials.keras._data import DataSource, make_source
 from determined_trials.keras._steps import CompiledSteps
 from determined_trials.keras._trial import TFKerasTrial
-from determined_trials.loop import DataShape, EpochCursor, HookRunner, TrialState, allgather
+from determined_trials.loop import DataShape, EpochCursor, HookRunner, TrialAdapter, TrialState, allgather
 
 __all__ = ["KerasAdapter"]
 
 keras = require_tensorflow_backend()
 
 
-class KerasAdapter:
-    """Runs one TFKerasTrial under the loop; everything the trial builds is checked here, before training."""
+class KerasAdapter(TrialAdapter):
+    """Runs one TFKerasTrial under the loop; everything the trial builds is checked here, before training.
+    The chief saves, on the training thread (``SaveMode.SYNC_CHIEF``, the default)."""
 
     framework = f"tensorflow-{tf.__version__}"
 

@@ -7,7 +7,7 @@ Imports neither torch nor tensorflow; the PyTorch, DeepSpeed and Keras adapters 
 May import: errors, _info, config, core.*
 """
 
-from determined_trials.loop._adapter import DataShape, TrialAdapter
+from determined_trials.loop._adapter import DataShape, SaveMode, ShardedAsyncSaver, SnapshotSaver, TrialAdapter
 from determined_trials.loop._controller import (
     CHECKPOINT_FORMAT,
     TRIAL_STATE_FILE,
@@ -45,7 +45,10 @@ __all__ = [
     "LoopSettings",
     "Progress",
     "Record",
+    "SaveMode",
     "Schedule",
+    "ShardedAsyncSaver",
+    "SnapshotSaver",
     "TrainUnit",
     "TrialAdapter",
     "TrialState",

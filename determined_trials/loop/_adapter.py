@@ -1,15 +1,18 @@
-"""The interface every framework adapter offers the one loop (PyTorch, DeepSpeed, Keras)."""
+"""The interface every framework adapter offers the one loop (PyTorch, DeepSpeed, Keras): the
+``TrialAdapter`` protocol, the ``SaveMode`` an adapter declares and the protocol of each background mode."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import enum
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from determined_trials.loop._state import TrialState
 
-__all__ = ["DataShape", "TrialAdapter"]
+__all__ = ["DataShape", "SaveMode", "ShardedAsyncSaver", "SnapshotSaver", "TrialAdapter"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,28 +23,83 @@ class DataShape:
     global_batch_size: int | None
 
 
+class SaveMode(enum.Enum):
+    """How the loop writes an adapter's checkpoints (``TrialAdapter.save_mode``). A run's last checkpoint
+    (nothing trains after it) is written at once: a background mode saves it as its synchronous kin
+    (``ASYNC_SNAPSHOT`` as ``SYNC_CHIEF``, ``ASYNC_SHARDED`` as ``SHARDED``)."""
+
+    SYNC_CHIEF = "sync_chief"
+    """The chief calls ``save(path)`` on the training thread (``TrialAdapter`` alone)."""
+    SHARDED = "sharded"
+    """Every rank calls ``save(path)`` into its shard of one checkpoint (``store_path(shard=True)``), e.g.
+    DeepSpeed engines whose ranks each hold part of the state (``TrialAdapter`` alone)."""
+    ASYNC_SNAPSHOT = "async_snapshot"
+    """The chief's checkpoint is written by a background writer while training goes on: ``SnapshotSaver``."""
+    ASYNC_SHARDED = "async_sharded"
+    """Every rank writes its shard in the background; the ranks publish once all are done: ``ShardedAsyncSaver``."""
+
+    @property
+    def sharded(self) -> bool:
+        """Whether every rank saves its shard (else the chief saves alone)."""
+        return self in (SaveMode.SHARDED, SaveMode.ASYNC_SHARDED)
+
+    @property
+    def background(self) -> bool:
+        """Whether checkpoints (but a run's last) are written while training goes on."""
+        return self in (SaveMode.ASYNC_SNAPSHOT, SaveMode.ASYNC_SHARDED)
+
+
+@runtime_checkable
+class SnapshotSaver(Protocol):
+    """What ``SaveMode.ASYNC_SNAPSHOT`` needs besides ``save``: a large state is copied on the training
+    thread and serialised by the loop's writer thread; a small one is ``save``d at once and only fsynced,
+    published and recorded by the writer."""
+
+    def wants_snapshot(self) -> bool:
+        """Chief: False when the state is small enough that ``save`` on the training thread, with only the
+        publish in the background, costs less than a copy."""
+
+    def snapshot(self) -> Any:
+        """Chief, training thread: a host-memory copy of what ``save`` writes, so training may go on."""
+
+    def write_snapshot(self, snapshot: Any, path: Path) -> None:
+        """Chief, the loop's writer thread: write ``snapshot`` into ``path``."""
+
+
+@runtime_checkable
+class ShardedAsyncSaver(Protocol):
+    """What ``SaveMode.ASYNC_SHARDED`` needs besides ``save`` (which writes a run's last checkpoint)."""
+
+    def start_sharded_save(self, path: Path) -> concurrent.futures.Future[Any]:
+        """Every rank: start writing this rank's shard into ``path``; the loop waits for the returned
+        future on every rank before the chief publishes the checkpoint."""
+
+
 class TrialAdapter(Protocol):
     """Turns "train n batches", "evaluate", "save" and "load" into framework calls.
 
-    Every method is called on every rank, except ``save`` (chief only unless ``sharded_save``). Metrics returned by
-    ``training_metrics`` and ``validate`` are already reduced across batches and ranks and are
-    the same on every rank.
+    Every method is called on every rank, except ``save`` (chief only unless ``save_mode.sharded``). Metrics
+    returned by ``training_metrics`` and ``validate`` are already reduced across batches and ranks and are
+    the same on every rank. An adapter subclasses this protocol to inherit the defaults of ``save_mode``,
+    ``prepare_checkpoint`` and ``batch_metrics``.
     """
 
     framework: str
-    #: Optional (read with ``getattr``, default False): when True, ``save`` runs on every rank into
-    #: that rank's shard of one checkpoint (``store_path(shard=True)``), e.g. DeepSpeed engines
-    #: whose ranks each hold part of the state; when False only the chief saves.
-    # sharded_save: bool
-    #: Optional asynchronous checkpoints (read with ``getattr``; used only without ``sharded_save``):
-    #: ``async_save`` (bool, the same on every rank), ``snapshot() -> Any`` (chief, training thread:
-    #: a host-memory copy of what ``save`` writes, so training may go on) and
-    #: ``write_snapshot(snapshot, path)`` (chief, the loop's writer thread: write it into ``path``) and
-    #: ``wants_snapshot() -> bool`` (chief: False when the state is small enough that ``save`` on the
-    #: training thread, with only the publish in the background, costs less than a copy).
-    # async_save: bool
-    #: Optional ``prepare_checkpoint()`` (read with ``getattr``): called on every rank at each checkpoint
-    #: before anything is saved, e.g. to gather what only each rank knows (its position in a stream).
+
+    @property
+    def save_mode(self) -> SaveMode:
+        """How the loop writes checkpoints, read at each checkpoint; a background mode's adapter implements
+        that mode's protocol too (``SnapshotSaver``, ``ShardedAsyncSaver``). Default: ``SYNC_CHIEF``."""
+        return SaveMode.SYNC_CHIEF
+
+    def prepare_checkpoint(self) -> None:
+        """Every rank, at each checkpoint before anything is saved, e.g. to gather what only each rank
+        knows (its position in a stream). Default: nothing."""
+        return None
+
+    def batch_metrics(self) -> list[dict[str, Any]]:
+        """The last workload's per-batch metrics for ``on_training_workload_end``. Default: none kept."""
+        return []
 
     def load(self, path: Path) -> None:
         """Restore models, optimizers, RNGs and callback state from a checkpoint folder."""
@@ -66,7 +124,7 @@ class TrialAdapter(Protocol):
 
     def save(self, path: Path) -> None:
         """Write the framework state (models, optimizers, RNGs, callbacks...) into ``path``
-        (chief only, or every rank into its shard when ``sharded_save`` is True)."""
+        (chief only, or every rank into its shard when ``save_mode.sharded``)."""
 
     def close(self) -> None:
         """Release data loader workers and other resources; idempotent."""

@@ -1,7 +1,8 @@
-"""The loop's checkpoint step: synchronous, or in the background while training goes on: a large
-state as a host-memory snapshot taken on the training thread and written by one background writer
-(serialise, fsync, publish, record); a small one serialised on the training thread and only fsynced,
-published and recorded by the writer.
+"""The loop's checkpoint step, in the way the adapter's ``SaveMode`` declares: synchronous (the chief, or
+every rank into its shard), or in the background while training goes on: a large state as a host-memory
+snapshot taken on the training thread and written by one background writer (serialise, fsync, publish,
+record); a small one serialised on the training thread and only fsynced, published and recorded by the
+writer; a sharded state written by every rank in the background and published once all are done.
 
 At most one write is in flight: the next checkpoint, a stop, preemption and the end of ``run``
 wait for it. ``on_checkpoint_upload_end`` fires on the training thread when a write is collected,
@@ -16,14 +17,14 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from determined_trials.loop._adapter import TrialAdapter
+from determined_trials.loop._adapter import SaveMode, ShardedAsyncSaver, SnapshotSaver, TrialAdapter
 from determined_trials.loop._hooks import HookRunner
 from determined_trials.loop._state import TrialState
 
 if TYPE_CHECKING:
     from determined_trials.core import Context
 
-__all__ = ["CHECKPOINT_FORMAT", "TRIAL_STATE_FILE", "Checkpointer", "uses_async_save", "uses_async_sharded_save"]
+__all__ = ["CHECKPOINT_FORMAT", "TRIAL_STATE_FILE", "Checkpointer"]
 
 logger = logging.getLogger("determined_trials.loop")
 
@@ -31,18 +32,20 @@ TRIAL_STATE_FILE = "trial_state.json"
 CHECKPOINT_FORMAT = "determined_trials/1"
 
 
-def uses_async_save(adapter: TrialAdapter) -> bool:
-    """Whether ``adapter`` offers snapshot + background write (and is not a sharded saver)."""
-    if getattr(adapter, "sharded_save", False):
-        return False
-    return bool(getattr(adapter, "async_save", False)) and hasattr(adapter, "snapshot")
+def _snapshot_saver(adapter: TrialAdapter) -> SnapshotSaver:
+    """``adapter`` as the ``SnapshotSaver`` that its ``SaveMode.ASYNC_SNAPSHOT`` declares it is."""
+    if not isinstance(adapter, SnapshotSaver):
+        raise TypeError(f"{type(adapter).__name__} declares SaveMode.ASYNC_SNAPSHOT but does not implement "
+                        "SnapshotSaver (wants_snapshot, snapshot, write_snapshot)")
+    return adapter
 
 
-def uses_async_sharded_save(adapter: TrialAdapter) -> bool:
-    """Whether ``adapter`` is a sharded saver whose ranks write their shards in the background
-    (``start_sharded_save(path)`` returns a future; the loop publishes once every rank's is done)."""
-    return (bool(getattr(adapter, "sharded_save", False)) and bool(getattr(adapter, "async_save", False))
-            and hasattr(adapter, "start_sharded_save"))
+def _sharded_saver(adapter: TrialAdapter) -> ShardedAsyncSaver:
+    """``adapter`` as the ``ShardedAsyncSaver`` that its ``SaveMode.ASYNC_SHARDED`` declares it is."""
+    if not isinstance(adapter, ShardedAsyncSaver):
+        raise TypeError(f"{type(adapter).__name__} declares SaveMode.ASYNC_SHARDED but does not implement "
+                        "ShardedAsyncSaver (start_sharded_save)")
+    return adapter
 
 
 class Checkpointer:
@@ -64,21 +67,22 @@ class Checkpointer:
         ``final`` checkpoint (nothing trains after it) is written at once from the live state: a
         snapshot would only add a copy, since the loop would wait for the writer right after."""
         self.wait()
-        prepare = getattr(self._adapter, "prepare_checkpoint", None)
-        if prepare is not None:  # every rank, before any saving (e.g. gathering the ranks' data positions)
-            prepare()
-        sharded = bool(getattr(self._adapter, "sharded_save", False))
+        self._adapter.prepare_checkpoint()  # every rank, before any saving (e.g. gathering the ranks' data positions)
+        mode = self._adapter.save_mode
         metadata = {"steps_completed": state.batches_trained, "framework": self._adapter.framework,
                     "format": CHECKPOINT_FORMAT}
         trial_state = json.dumps(state.state_dict(), indent=1)
-        if sharded and not final and uses_async_sharded_save(self._adapter):
-            self._start_sharded(metadata, trial_state)
-            return
-        if uses_async_save(self._adapter) and not final:
+        if final or not mode.background:
+            self._save_now(metadata, trial_state, sharded=mode.sharded)
+        elif mode is SaveMode.ASYNC_SHARDED:
+            self._start_sharded(_sharded_saver(self._adapter), metadata, trial_state)
+        else:
             if self._is_chief:
-                self._future = self._start_background_save(metadata, trial_state)
+                self._future = self._start_background_save(_snapshot_saver(self._adapter), metadata, trial_state)
             self._in_flight = True
-            return
+
+    def _save_now(self, metadata: dict[str, Any], trial_state: str, *, sharded: bool) -> None:
+        """On the training thread: the chief (or every rank, ``sharded``) saves, then the hook fires."""
         storage_id = None
         if self._is_chief or sharded:
             if self._is_chief:
@@ -157,7 +161,7 @@ class Checkpointer:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="det-checkpoint-writer")
         return self._executor
 
-    def _start_sharded(self, metadata: dict[str, Any], trial_state: str) -> None:
+    def _start_sharded(self, saver: ShardedAsyncSaver, metadata: dict[str, Any], trial_state: str) -> None:
         """Every rank: stage its shard and let the adapter write it in the background."""
         if self._is_chief:
             self._core.train.set_status("checkpointing")
@@ -165,7 +169,7 @@ class Checkpointer:
         try:
             if self._is_chief:
                 (staged.path / TRIAL_STATE_FILE).write_text(trial_state)
-            future = self._adapter.start_sharded_save(staged.path)  # type: ignore[attr-defined]
+            future = saver.start_sharded_save(staged.path)
         except Exception:
             staged.abort()  # tells the other ranks (they publish and fail), then raises here
             raise
@@ -192,13 +196,13 @@ class Checkpointer:
             self._future = self._writer().submit(commit)
         self._in_flight = True
 
-    def _start_background_save(self, metadata: dict[str, Any], trial_state: str) -> concurrent.futures.Future[str]:
+    def _start_background_save(self, saver: SnapshotSaver, metadata: dict[str, Any],
+                               trial_state: str) -> concurrent.futures.Future[str]:
         """A large state: snapshot it and let the writer serialise, publish and record it. A small one:
         serialise it now (a copy and a hand-off would cost more) and let the writer fsync, publish and
         record it."""
-        if self._adapter.wants_snapshot():  # type: ignore[attr-defined]
-            snapshot = self._adapter.snapshot()  # type: ignore[attr-defined]
-            return self._writer().submit(self._write, metadata, trial_state, snapshot)
+        if saver.wants_snapshot():
+            return self._writer().submit(self._write, saver, metadata, trial_state, saver.snapshot())
         staged = self._core.checkpoint.stage(metadata)
         try:
             (staged.path / TRIAL_STATE_FILE).write_text(trial_state)
@@ -208,9 +212,9 @@ class Checkpointer:
             raise
         return self._writer().submit(staged.publish)
 
-    def _write(self, metadata: dict[str, Any], trial_state: str, snapshot: Any) -> str:
+    def _write(self, saver: SnapshotSaver, metadata: dict[str, Any], trial_state: str, snapshot: Any) -> str:
         """On the writer thread: serialise the snapshot, then publish and record it (fsynced by storage)."""
         with self._core.checkpoint.store_path(metadata) as (path, storage_id):
             Path(path, TRIAL_STATE_FILE).write_text(trial_state)
-            self._adapter.write_snapshot(snapshot, path)  # type: ignore[attr-defined]
+            saver.write_snapshot(snapshot, path)
         return str(storage_id)

@@ -239,8 +239,7 @@ class Controller:
         state = self._state
         metrics = self._adapter.training_metrics()
         self._checkpointer.poll()  # a background write that finished fires its hook now
-        batch_metrics = getattr(self._adapter, "batch_metrics", None)  # an opt-in of some adapters
-        self._hooks.call("on_training_workload_end", metrics, batch_metrics() if batch_metrics else [])
+        self._hooks.call("on_training_workload_end", metrics, self._adapter.batch_metrics())
         if self._is_chief:
             reported = {"batches": state.batches_trained, "epochs": state.epochs_trained, **metrics}
             # progress first: it is stored with the report of the same batches (TrainContext._report)

@@ -7,13 +7,23 @@ until ``training_metrics()`` at the boundary, which does one host transfer and o
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from determined_trials.loop import DataShape, EpochCursor, HookRunner, TrialState, allgather, reduce_across_ranks
+from determined_trials.loop import (
+    DataShape,
+    EpochCursor,
+    HookRunner,
+    SaveMode,
+    TrialAdapter,
+    TrialState,
+    allgather,
+    reduce_across_ranks,
+)
 from determined_trials.pytorch._batch_loop import CPU, BatchLoop, cpu_tensors
 from determined_trials.pytorch._callback import overrides_hook
 from determined_trials.pytorch._context import PyTorchTrialContext
@@ -38,7 +48,7 @@ __all__ = ["PyTorchAdapter"]
 
 logger = logging.getLogger("determined_trials.pytorch")
 
-class PyTorchAdapter(BatchLoop):
+class PyTorchAdapter(BatchLoop, TrialAdapter):
     """Runs one PyTorchTrial under the loop (its ``train`` is the BatchLoop's)."""
 
     framework = f"torch-{torch.__version__}"
@@ -64,8 +74,7 @@ class PyTorchAdapter(BatchLoop):
         self._host_buffers = HostBuffers()
         self._after_first_batch = self._prepare_host_buffers
         self._check_wrapped()
-        self._sharded = any(is_fsdp(m) for m in context.models)
-        self.sharded_save = self._sharded  # FSDP2: every rank saves its shard of one DCP checkpoint
+        self._sharded = any(is_fsdp(m) for m in context.models)  # FSDP2: every rank saves its shard (save_mode)
         self._validation_checked = False
         self._positions = StreamPositions()  # a stream's per-rank positions, saved among the callbacks' state
         self._rank_rngs: list[Any] | None = None  # every rank's RNG states, gathered before each checkpoint
@@ -85,8 +94,7 @@ class PyTorchAdapter(BatchLoop):
         """After this process's first batch (the optimizer state exists by now): when it will take
         snapshots, start allocating their host buffers on a helper thread, so that not even the first
         checkpoint allocates them on the training thread."""
-        if (self._dist.get_rank() == 0 and not self.sharded_save and self.async_save
-                and self.wants_snapshot()):
+        if self._dist.get_rank() == 0 and self.save_mode is SaveMode.ASYNC_SNAPSHOT and self.wants_snapshot():
             self._host_buffers.prepare(large_state_template(self._context), self._context.device)
 
     def start_training(self, state: TrialState) -> DataShape:
@@ -108,7 +116,7 @@ class PyTorchAdapter(BatchLoop):
             self._positions.resume(self._stream, rank, size)
         else:
             self._hooks.callbacks.pop(STREAM_POSITIONS, None)
-        if self.sharded_save and size > 1:  # made once here, not in the first checkpoint's time
+        if self._sharded and size > 1:  # made once here, not in the first checkpoint's time
             from determined_trials.pytorch.checkpoint import _dcp
 
             _dcp.checkpoint_group()
@@ -131,7 +139,7 @@ class PyTorchAdapter(BatchLoop):
         on several ranks unless FSDP2 saves them per rank, their RNG states (which drift apart when the ranks
         draw different amounts, e.g. dropout over batches of different sizes)."""
         stream = isinstance(self._stream, StreamOfPasses)
-        rngs = self._dist.get_size() > 1 and not self.sharded_save
+        rngs = self._dist.get_size() > 1 and not self._sharded
         if not (stream or rngs):
             return
         gathered = allgather(self._dist, (self._stream.state_dict() if stream else None,
@@ -182,7 +190,7 @@ class PyTorchAdapter(BatchLoop):
             self._context.reducers.reset(True)  # updates made while validating are not training's
 
     def save(self, path: Path) -> None:
-        if self.sharded_save:
+        if self._sharded:
             from determined_trials.pytorch.checkpoint import _dcp
 
             _dcp.save_sharded_state(path, self._trial, self._context, self._hooks)
@@ -191,7 +199,7 @@ class PyTorchAdapter(BatchLoop):
         else:
             save_trial_state(path, self._trial, self._context, self._hooks, rank_rngs=self._rank_rngs)
 
-    def start_sharded_save(self, path: Path) -> Any:
+    def start_sharded_save(self, path: Path) -> concurrent.futures.Future[Any]:
         """On every rank (FSDP2): start writing this rank's shard into ``path`` in the background
         (``dcp.async_save``); returns a future the loop waits for before it publishes the checkpoint."""
         from determined_trials.pytorch.checkpoint import _dcp
@@ -199,6 +207,14 @@ class PyTorchAdapter(BatchLoop):
         group = _dcp.checkpoint_group() if self._dist.get_size() > 1 else None
         return _dcp.start_sharded_save(path, self._trial, self._context, self._hooks, group,
                                        lambda ok: all(allgather(self._dist, ok)))
+
+    @property
+    def save_mode(self) -> SaveMode:
+        """FSDP2 models: every rank saves its shard (``ASYNC_SHARDED`` or ``SHARDED``); else the chief
+        (``ASYNC_SNAPSHOT`` or ``SYNC_CHIEF``); in the background unless ``async_save`` is False."""
+        if self._sharded:
+            return SaveMode.ASYNC_SHARDED if self.async_save else SaveMode.SHARDED
+        return SaveMode.ASYNC_SNAPSHOT if self.async_save else SaveMode.SYNC_CHIEF
 
     @property
     def async_save(self) -> bool:

@@ -30,8 +30,19 @@ class TrialRequest:
 class Searcher(Protocol):
     """Pure, deterministic search logic (given the experiment seed and the order of reports).
 
-    Lengths are absolute, in the units of `searcher.max_length`.
+    Lengths are absolute, in the units of `searcher.max_length`. A searcher subclasses this protocol to
+    inherit the defaults of the runner's optional questions (`cap_in_flight`, `waiting`).
     """
+
+    def cap_in_flight(self, max_parallel: int) -> None:
+        """The runner runs at most `max_parallel` trials at once (told once, before the first trial), e.g. so
+        that Optuna never asks more trials than run. Default: nothing to do."""
+        return None
+
+    def waiting(self, request_id: int) -> bool:
+        """Whether the trial, having reported, waits (PAUSED, with its checkpoints) until the searcher
+        continues or closes it, e.g. PBT's member waiting for the round's end. Default: False."""
+        return False
 
     def initial_trials(self) -> list[TrialRequest]:
         """The first trials to create (as many as the concurrency limit allows)."""

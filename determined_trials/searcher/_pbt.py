@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from determined_trials.config import sample_hparams
-from determined_trials.searcher._base import TrialRequest, trial_seed
+from determined_trials.searcher._base import Searcher, TrialRequest, trial_seed
 from determined_trials.searcher._explore import explore_hparams
 from determined_trials.searcher._rungs import _sort_key
 
@@ -40,7 +40,7 @@ class _Member:
     state: str = _LIVE
 
 
-class PBTSearch:
+class PBTSearch(Searcher):
     """Determined's PBT over our hyperparameter space; lengths are absolute, in the units of
     ``length_per_round``. Pure and deterministic given the experiment seed and the order of reports."""
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from determined_trials.searcher._base import TrialRequest, trial_seed
+from determined_trials.searcher._base import Searcher, TrialRequest, trial_seed
 
 __all__ = ["RungSearch", "promotes"]
 
@@ -44,7 +44,7 @@ def promotes(entries: list[tuple[float, int]], request_id: int, divisor: float, 
     return any(entries[i][1] == request_id for i in order[:keep])
 
 
-class RungSearch:
+class RungSearch(Searcher):
     """Creates up to `max_trials` trials, at most `max_concurrent` (0 = no limit) running at once;
     each trains to `rung_lengths[0]`, then is promoted rung by rung or stopped (see `promotes`)."""
 

@@ -26,7 +26,7 @@ import determined_trials.pytorch.checkpoint._io as checkpoint_io
 from determined_trials import core, pytorch
 from determined_trials.core.storage import DirectoryStorage
 from determined_trials.core.store._checkpoint_recovery import recover_checkpoints
-from determined_trials.loop._checkpointing import uses_async_save
+from determined_trials.loop import SaveMode
 from determined_trials.pytorch import Batch
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
@@ -199,15 +199,16 @@ def test_async_is_off_for_write_end_callbacks_sharded_savers_and_when_disabled(t
     with pytorch.init(exp_conf=CONF, run_dir=tmp_path) as context:
         trial = ResumeTrial(context)
         adapter = adapter_module.PyTorchAdapter(trial, context, pytorch_hooks({"plain": Uploads(trial, [])}))
-        assert uses_async_save(adapter)
+        assert adapter.save_mode is SaveMode.ASYNC_SNAPSHOT
         adapter._hooks = pytorch_hooks({"w": WriteEnd()})
-        assert not uses_async_save(adapter)
+        assert adapter.save_mode is SaveMode.SYNC_CHIEF
         adapter._hooks = pytorch_hooks({})
-        adapter.sharded_save = True  # type: ignore[attr-defined]
-        assert not uses_async_save(adapter)
-        adapter.sharded_save = False  # type: ignore[attr-defined]
+        adapter._sharded = True  # an FSDP2 model's: every rank writes its shard, in the background
+        assert adapter.save_mode is SaveMode.ASYNC_SHARDED
         context.experimental.disable_async_checkpoints()
-        assert not uses_async_save(adapter)
+        assert adapter.save_mode is SaveMode.SHARDED
+        adapter._sharded = False
+        assert adapter.save_mode is SaveMode.SYNC_CHIEF
 
 
 def pytorch_hooks(callbacks: dict[str, Any]) -> Any:

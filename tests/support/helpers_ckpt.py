@@ -14,6 +14,8 @@ from typing import Any
 
 from helpers_paths import REPO, SUPPORT
 
+from determined_trials.core._checkpoint import CheckpointRecorder
+
 __all__ = ["REPO", "WORKER", "Recorder", "failure", "make_tree", "read_tree", "start_worker", "worker_env"]
 
 WORKER = SUPPORT / "worker_ckpt_kill.py"
@@ -25,7 +27,7 @@ def worker_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-class Recorder:
+class Recorder(CheckpointRecorder):
     """Collects what CheckpointContext reports."""
 
     def __init__(self) -> None:

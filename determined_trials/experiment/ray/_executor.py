@@ -207,7 +207,7 @@ def ray_runner_options(address: str, *, store: LocalStore, model_dir: Path, conf
     (``max_parallel``, else ``resources.max_slots // slots_per_trial``, else the searcher's
     ``max_concurrent_trials``, else 16; never more than ``max_concurrent_trials``)."""
     per_trial = config.resources.slots_per_trial
-    concurrent = getattr(config.searcher, "max_concurrent_trials", 0) or 0
+    concurrent = config.searcher.concurrency_cap() or 0
     wanted = max_parallel
     if wanted is None and config.resources.max_slots is not None:
         wanted = config.resources.max_slots // per_trial
