@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from determined_trials import core
+from determined_trials import core, loop
 from determined_trials.loop import (
     TRIAL_STATE_FILE,
     Controller,
@@ -48,10 +48,16 @@ class SaveMode(enum.Enum):
     ASYNC_SHARDED = "async_sharded"
 
 
+_LOOP_MODES = {SaveMode.SYNC: loop.SaveMode.SYNC_CHIEF, SaveMode.SNAPSHOT: loop.SaveMode.ASYNC_SNAPSHOT,
+               SaveMode.STAGED: loop.SaveMode.ASYNC_SNAPSHOT, SaveMode.SHARDED: loop.SaveMode.SHARDED,
+               SaveMode.ASYNC_SHARDED: loop.SaveMode.ASYNC_SHARDED}
+
+
 def _declare_save_mode(adapter: PlainAdapter, mode: SaveMode) -> None:
-    """How the adapter tells the loop its save mode (today: the optional flags the loop reads with ``getattr``)."""
-    adapter.sharded_save = mode in (SaveMode.SHARDED, SaveMode.ASYNC_SHARDED)
-    adapter.async_save = mode in (SaveMode.SNAPSHOT, SaveMode.STAGED, SaveMode.ASYNC_SHARDED)
+    """How the adapter tells the loop its save mode: the loop's ``SaveMode`` (``save_mode``), and for the two
+    snapshot modes whether a snapshot is wanted (STAGED: the small state saved on the training thread)."""
+    adapter.loop_mode = _LOOP_MODES[mode]
+    adapter.sharded_save = adapter.loop_mode.sharded
     adapter.snapshot_wanted = mode is SaveMode.SNAPSHOT
 
 
@@ -102,7 +108,7 @@ class HookRecorder:
         self.validations = int(state["validations"])
 
 
-class PlainAdapter:
+class PlainAdapter(loop.TrialAdapter):
     """The loop's adapter over ``records`` (ints) in global batches of ``batch_size``, the last one of an epoch
     possibly short; epoch ``e`` reads the records rotated by ``e``. Training batch ``b`` of epoch ``e`` sets
     ``w = w / 2 + sum(b) * (e + 1)``, so that a lost, repeated or reordered batch changes ``w``.
@@ -124,7 +130,8 @@ class PlainAdapter:
         self.stop = False
         self.core: core.Context | None = None  # set by ``run_loop``: for ``after_batch`` to ask for a preemption
         self.threads: dict[str, str] = {}  # adapter method -> the thread it last ran on
-        self.sharded_save = self.async_save = self.snapshot_wanted = False
+        self.loop_mode = loop.SaveMode.SYNC_CHIEF
+        self.sharded_save = self.snapshot_wanted = False
         _declare_save_mode(self, mode)
         self._epochs = EpochCursor(hooks)
         self._stream: Iterator[tuple[int, int, tuple[int, ...]]] = iter(())
@@ -200,6 +207,10 @@ class PlainAdapter:
             self._writes = None
 
     # -- the optional members: what each save mode calls (``_declare_save_mode`` says which mode) -----
+
+    @property
+    def save_mode(self) -> loop.SaveMode:
+        return self.loop_mode
 
     def prepare_checkpoint(self) -> None:
         self._record("prepare_checkpoint")
