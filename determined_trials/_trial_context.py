@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 __all__ = ["TrialContext", "TrialIdentity"]
 
 _T = TypeVar("_T", bound="TrialContext")
-_IDS = ("trial_seed", "trial_id", "experiment_id")
 logger = logging.getLogger("determined_trials")
 
 _PYTORCH = "det.pytorch.PyTorchTrialContext"
@@ -113,7 +112,8 @@ class TrialContext:
             raise TypeError(f"{type(self).__name__}() got unexpected keyword argument(s): {', '.join(unknown)}")
         trial = core_context.peek_trial() if core_context is not None else None
         hparams = identity.get("hparams")
-        given = {name: identity.get(name) for name in _IDS}
+        given = {"trial_seed": identity.get("trial_seed"), "trial_id": identity.get("trial_id"),
+                 "experiment_id": identity.get("experiment_id")}
         self._init_fields(
             _resolve_config(type(self).__name__, identity.get("config"), trial and trial.config),
             hparams if hparams is not None else (trial.hparams if trial else {}),
