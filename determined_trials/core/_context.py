@@ -103,18 +103,22 @@ class Context:
 
     @property
     def checkpoint(self) -> CheckpointContext:
+        """Stores and restores the trial's checkpoints."""
         return self._trial_parts().checkpoint
 
     @property
     def train(self) -> TrainContext:
+        """Reports the trial's metrics, progress and status."""
         return self._trial_parts().train
 
     @property
     def searcher(self) -> SearcherContext:
+        """The trial's searcher operations."""
         return self._trial_parts().searcher
 
     @property
     def profiler(self) -> ProfilerContext:
+        """The trial's system-metrics profiler."""
         return self._trial_parts().profiler
 
     def peek_trial(self) -> TrialInfo:
