@@ -15,6 +15,7 @@ import random
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from determined_trials.config import ExperimentConfig, load_config, sample_hparams
@@ -82,6 +83,11 @@ class TrialContext:
         experiment_id: int = 0,
         distributed: DistributedContext | None = None,
     ) -> None:
+        ids = {"trial_seed": int(trial_seed), "trial_id": int(trial_id), "experiment_id": int(experiment_id)}
+        self._init_fields(config, hparams, distributed, ids)
+
+    def _init_fields(self, config: ExperimentConfig, hparams: Mapping[str, Any], distributed: DistributedContext | None,
+                     ids: dict[str, int]) -> None:
         if not isinstance(config, ExperimentConfig):
             raise TypeError(
                 f"config must be an ExperimentConfig (use determined_trials.config.load_config), "
@@ -89,9 +95,7 @@ class TrialContext:
             )
         self._config = config
         self._hparams = copy.deepcopy(dict(hparams))
-        self._trial_seed = int(trial_seed)
-        self._trial_id = int(trial_id)
-        self._experiment_id = int(experiment_id)
+        self._given_ids = MappingProxyType(ids)  # the ids given; the others are the Core API context's trial's
         self._distributed = distributed
         self._load_data_text: dict[tuple[type, str], str] = {}  # checkpoints' load_data.json, made once
         self._stop_requested = False  # read by the adapters after every batch
@@ -100,25 +104,50 @@ class TrialContext:
 
     def _init_identity(self, core_context: Context | None, identity: TrialIdentity) -> None:
         """The constructor preamble of every family's context: ``TrialContext``'s fields from ``identity``,
-        else from ``core_context``'s trial, else defaults (seed and ids 0)."""
+        else from ``core_context``'s trial, else defaults (seed and ids 0). The ids and seed not given are
+        read from the Core API context's trial when asked for (which settles it: see ``core.Context``);
+        the hyperparameters, config and initial batch are the same for any trial it may settle as."""
         unknown = sorted(set(identity) - set(TrialIdentity.__annotations__))
         if unknown:
             raise TypeError(f"{type(self).__name__}() got unexpected keyword argument(s): {', '.join(unknown)}")
-        trial = core_context.info.trial if core_context is not None else None
+        trial = core_context.peek_trial() if core_context is not None else None
         hparams = identity.get("hparams")
-        TrialContext.__init__(
-            self,
-            config=_resolve_config(type(self).__name__, identity.get("config"), trial and trial.config),
-            hparams=hparams if hparams is not None else (trial.hparams if trial else {}),
-            trial_seed=_pick(identity.get("trial_seed"), trial and trial.trial_seed),
-            trial_id=_pick(identity.get("trial_id"), trial and trial.trial_id),
-            experiment_id=_pick(identity.get("experiment_id"), trial and trial.experiment_id),
-            distributed=core_context.distributed if core_context is not None else None,
+        given = {"trial_seed": identity.get("trial_seed"), "trial_id": identity.get("trial_id"),
+                 "experiment_id": identity.get("experiment_id")}
+        self._init_fields(
+            _resolve_config(type(self).__name__, identity.get("config"), trial and trial.config),
+            hparams if hparams is not None else (trial.hparams if trial else {}),
+            core_context.distributed if core_context is not None else None,
+            {name: int(value) for name, value in given.items() if value is not None},
         )
         self._core = core_context
         self._initial_batch = trial.steps_completed if trial is not None else 0
         if identity.get("config") is None and core_context is not None and not core_context._config_written:
             self._searcher_metric_named = False  # core.init() made the config up: its searcher is not the user's
+
+    def _trial_field(self, name: str) -> int:
+        """An id or the seed: as given, else the Core API context's trial's (settled once), else 0."""
+        given = self._given_ids.get(name)
+        if given is not None:
+            return given
+        if self._core is None:
+            return 0
+        return int(getattr(self._core.info.trial, name))
+
+    @property
+    def _trial_seed(self) -> int:
+        """The trial's seed (read-only: a context's trial does not change)."""
+        return self._trial_field("trial_seed")
+
+    @property
+    def _trial_id(self) -> int:
+        """The trial's id (read-only)."""
+        return self._trial_field("trial_id")
+
+    @property
+    def _experiment_id(self) -> int:
+        """The trial's experiment's id (read-only)."""
+        return self._trial_field("experiment_id")
 
     if not TYPE_CHECKING:  # for mypy, attributes stay checked
 
@@ -276,12 +305,6 @@ class TrialContext:
                 f"{(per_slot + 1) * slots}."
             )
         return total, per_slot
-
-
-def _pick(given: int | None, from_trial: Any) -> int:
-    if given is not None:
-        return given
-    return from_trial if isinstance(from_trial, int) and not isinstance(from_trial, bool) else 0
 
 
 def _resolve_config(owner: str, config: Any, trial_config: Any) -> ExperimentConfig:

@@ -1,12 +1,14 @@
 """``core.init()`` and ``Context``: wire the Core API contexts to the run folder and tear them down.
 
 ``init`` resolves the configuration, the run folder and the trial (from the launcher's cluster info,
-or registering a new experiment and trial for a bare script), then builds every context. Entering
-the ``Context`` starts what runs in the background; leaving it stops everything, also on errors.
+or registering a new experiment and trial for a bare script); the contexts bound to the trial are built
+once it is settled (``_parts``). Entering the ``Context`` starts what runs in the background; leaving it
+stops everything, also on errors.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -20,23 +22,16 @@ from determined_trials._info import ClusterInfo, TrialInfo, get_cluster_info
 from determined_trials.config import ExperimentConfig, load_config, sample_hparams
 from determined_trials.core._checkpoint import CheckpointContext, CheckpointRecorder
 from determined_trials.core._distributed import DistributedContext
+from determined_trials.core._parts import PartsMaker, TrialParts
 from determined_trials.core._preempt import PreemptContext, PreemptMode
 from determined_trials.core._profiler import ProfilerContext
 from determined_trials.core._resume import continue_bare_run, resume_timeline
-from determined_trials.core._searcher import (
-    SearcherContext,
-    SingleOperationSource,
-    Unit,
-)
+from determined_trials.core._searcher import SearcherContext
 from determined_trials.core._train import EarlyExitReason, TensorboardMode, TrainContext
 from determined_trials.core.channel._client import open_store, own_store
 from determined_trials.core.storage import storage_from_spec
 from determined_trials.core.store import RunState, TrialStore
-from determined_trials.core.store._checkpoint_recovery import (
-    recover_checkpoints,
-    recover_run_checkpoints,
-    remove_stale_staging,
-)
+from determined_trials.core.store._checkpoint_recovery import recover_run_checkpoints, remove_stale_staging
 from determined_trials.core.store._local import LocalStore
 from determined_trials.core.store._owner import claim_experiment
 from determined_trials.core.trackers import Outcome, TrackerForwarder, TrialFacts, check_trackers, open_forwarder
@@ -64,55 +59,107 @@ def resolve_run_dir(run_dir: str | os.PathLike[str] | None = None, info: Cluster
 
 class Context:
     """The Core API: ``.checkpoint``, ``.distributed``, ``.preempt``, ``.train``, ``.searcher``,
-    ``.profiler`` and ``.info``. Build it with ``det.core.init()``, use it in a ``with`` block."""
+    ``.profiler`` and ``.info``. Build it with ``det.core.init()``, use it in a ``with`` block.
+
+    Its trial is settled once: under a launcher, or when ``init`` resumed a checkpoint, at construction; in a
+    plain script otherwise when a trainer's ``fit`` resolves what it resumes, or at the first use of ``.info`` or
+    of a part bound to the trial (``.train``, ``.checkpoint``, ``.searcher``, ``.profiler``), which are built
+    then, with the tracker runs of the trial."""
 
     def __init__(
         self,
         *,
-        checkpoint: CheckpointContext,
         distributed: DistributedContext,
         preempt: PreemptContext,
-        train: TrainContext,
-        searcher: SearcherContext,
-        profiler: ProfilerContext,
-        info: ClusterInfo,
         store: TrialStore,
+        info: ClusterInfo,
+        settled: bool,
+        make_parts: Callable[[TrialInfo], TrialParts],
+        tracking: tuple[ExperimentConfig, Path] | None = None,
+        config_written: bool = True,
         owns_distributed: bool = False,
     ) -> None:
-        self.checkpoint = checkpoint
         self.distributed = distributed
         self.preempt = preempt
-        self.train = train
-        self.searcher = searcher
-        self.profiler = profiler
-        self.info = info
         self.store = store
+        self._registered = info  # the trial init() was given or registered
+        self._info: ClusterInfo | None = info if settled else None
+        self._make_parts = make_parts
+        self._parts: TrialParts | None = None
         self._owns_distributed = owns_distributed
+        self._entered = False
         self._closed = False
-        self._rebuild: Callable[[TrialInfo], dict[str, Any]] | None = None
-        self._config_written = True  # False when init() made up the config (no config, no launcher)
-        self._tracking: tuple[ExperimentConfig, Path] | None = None  # the config naming trackers, the run folder
+        self._config_written = config_written  # False when init() made up the config (no config, no launcher)
+        self._tracking = tracking  # the config naming trackers, the run folder
         self._trackers: TrackerForwarder | None = None
         self._ending = Outcome.PAUSED  # until __exit__ says how the trial ended: only covered rows are final
 
-    def _retarget(self, trial: TrialInfo) -> None:
-        """Report to ``trial`` from now on (a plain script resuming an earlier run's trial)."""
-        assert self._rebuild is not None, "only a plain script's context can continue another trial"
-        self.train.close()
-        for name, part in self._rebuild(trial).items():
-            setattr(self, name, part)
+    @property
+    def info(self) -> ClusterInfo:
+        """The task facts and the trial this context reports to (reading them settles the trial)."""
+        if self._info is None:
+            self._info = self._registered
+        return self._info
+
+    @property
+    def checkpoint(self) -> CheckpointContext:
+        """Stores and restores the trial's checkpoints."""
+        return self._trial_parts().checkpoint
+
+    @property
+    def train(self) -> TrainContext:
+        """Reports the trial's metrics, progress and status."""
+        return self._trial_parts().train
+
+    @property
+    def searcher(self) -> SearcherContext:
+        """The trial's searcher operations."""
+        return self._trial_parts().searcher
+
+    @property
+    def profiler(self) -> ProfilerContext:
+        """The trial's system-metrics profiler."""
+        return self._trial_parts().profiler
+
+    def peek_trial(self) -> TrialInfo:
+        """The trial as far as it is known, without settling it: before a plain script's ``fit`` resumes, the
+        trial ``init`` registered, whose hyperparameters, config and seed (the seed the process's RNGs start
+        from) are this run's; its ids and seed of record give way to an earlier trial's if ``fit`` continues it."""
+        return (self._info or self._registered).trial
+
+    def _settle(self, trial: TrialInfo, latest_checkpoint: str | None) -> None:
+        """Fix the trial this context reports to and the checkpoint it resumes from; the trial is fixed once
+        (settling it again with another trial is an error)."""
+        if self._info is not None and self._info.trial != trial:
+            raise RuntimeError(f"this context reports to trial {self._info.trial.trial_id}; it cannot be settled "
+                               f"again as trial {trial.trial_id}")
+        base = self._info or self._registered
+        self._info = dataclasses.replace(base, trial=trial, latest_checkpoint=latest_checkpoint)
+
+    @property
+    def _trial_settled(self) -> bool:
+        return self._info is not None
+
+    def _trial_parts(self) -> TrialParts:
+        """The parts bound to the settled trial, built on first use (and its tracker runs started then)."""
+        if self._parts is None:
+            self._parts = self._make_parts(self.info.trial)
+            if self._entered and not self._closed:
+                self._trackers = self._start_trackers()
+        return self._parts
 
     def __enter__(self) -> Context:
         self.preempt.start()
-        self._trackers = self._start_trackers()
+        self._entered = True
+        if self._parts is not None:
+            self._trackers = self._start_trackers()
         return self
 
     def _start_trackers(self) -> TrackerForwarder | None:
-        """The chief's forwarder of this trial's tracker runs (started once the trial is known for good)."""
+        """The chief's forwarder of this trial's tracker runs (once the trial is settled and in use)."""
         if self._tracking is None or self.distributed.get_rank() != 0:
             return None
-        config, run_path = self._tracking
-        trial = self.info.trial
+        (config, run_path), trial = self._tracking, self.info.trial
         facts = TrialFacts(trial=trial, experiment_name=self.store.experiment(trial.experiment_id).name,
                            searcher_metric=config.searcher.metric, run_dir=str(run_path))
         return open_forwarder(self.store, facts, config.integrations)
@@ -136,8 +183,9 @@ class Context:
         if self._closed:
             return
         self._closed = True
-        self.profiler.off()
-        self.train.close()
+        if self._parts is not None:
+            self._parts.profiler.off()
+            self._parts.train.close()
         if self._trackers is not None:  # after the last reports reached the store
             self._trackers.finish(self._ending)
         self.preempt.close()
@@ -218,26 +266,13 @@ def init(
         if isinstance(store, LocalStore):  # owners' pids mean something only on the store's machine
             recover_run_checkpoints(store, storage)  # every dead run's, not only this trial's
 
-    def parts(trial: TrialInfo) -> dict[str, Any]:
-        if dist.get_rank() == 0:  # settle what a killed writer of this trial left behind
-            recover_checkpoints(store, storage, trial.trial_id)
-        train = _build_train(store, trial, dist, tensorboard_mode, run_path, exp_config)
-        recorder = _StoreRecorder(store, trial.trial_id, str(storage), before_record=train.flush_reports)
-        return {
-            "checkpoint": CheckpointContext(dist, storage, recorder=recorder),
-            "train": train,
-            "searcher": _build_searcher(store, trial, dist, exp_config, info, before_record=train.flush_reports),
-            "profiler": ProfilerContext(dist, _profiler_reporter(store, trial.trial_id)),
-        }
-
     context = Context(
-        **parts(trial), distributed=dist, preempt=PreemptContext(dist, preempt_mode),
-        info=cluster_info, store=store, owns_distributed=owns_distributed,
+        distributed=dist, preempt=PreemptContext(dist, preempt_mode), store=store, info=cluster_info,
+        settled=info is not None, owns_distributed=owns_distributed,
+        make_parts=PartsMaker(store, storage, dist, tensorboard_mode, run_path, exp_config, info),
+        tracking=(exp_config, run_path) if tracking else None, config_written=config is not None or info is not None,
     )
-    context._config_written = config is not None or info is not None
-    context._tracking = (exp_config, run_path) if tracking else None
-    if info is None:
-        context._rebuild = lambda t: {**parts(t), "info": ClusterInfo(trial=t, run_dir=str(run_path))}
+    if info is None:  # a plain script: resuming a checkpoint settles its trial now, else its first use does
         continue_bare_run(context, latest_checkpoint)
     else:  # a launched trial (again, after a failure, pause or preemption): from its checkpoint, or from scratch
         resume_timeline(context, info.trial.steps_completed if info.latest_checkpoint else None)
@@ -275,67 +310,3 @@ def _register_bare_trial(store: LocalStore, dist: DistributedContext, config: Ex
         trial_id=trial_id, experiment_id=experiment_id, trial_seed=seed,
         hparams=hparams, config=config.as_dict(),
     )
-
-
-def _build_train(
-    store: TrialStore, trial: TrialInfo, dist: DistributedContext, mode: TensorboardMode,
-    run_path: Path, config: ExperimentConfig,
-) -> TrainContext:
-    tb_dir = run_path / "tensorboard" / f"experiment_{trial.experiment_id}" / f"trial_{trial.trial_id}"
-    return TrainContext(
-        store=store, trial_id=trial.trial_id, experiment_id=trial.experiment_id, dist=dist,
-        tensorboard_mode=mode, tensorboard_dir=tb_dir,
-        searcher_metric=config.searcher.metric, smaller_is_better=config.searcher.smaller_is_better,
-    )
-
-
-def _build_searcher(
-    store: TrialStore, trial: TrialInfo, dist: DistributedContext, config: ExperimentConfig,
-    info: ClusterInfo | None, *, before_record: Callable[[], None],
-) -> SearcherContext:
-    max_length = config.searcher.max_length
-    length = max_length.value if max_length is not None else 1
-    units = Unit.from_name(max_length.unit) if max_length is not None else None
-    lengths = info.searcher_lengths if info is not None and info.searcher_lengths else [length]
-    return SearcherContext(
-        dist, source=SingleOperationSource(*lengths), trial_id=trial.trial_id,
-        store=store, units=units, max_length=max(length, *lengths), before_record=before_record,
-    )
-
-
-def _profiler_reporter(store: TrialStore, trial_id: int) -> Any:
-    def report(group: str, steps: int, metrics: dict[str, Any]) -> None:
-        store.add_metrics(trial_id=trial_id, group=group, steps_completed=steps, metrics=metrics)
-
-    return report
-
-
-class _StoreRecorder(CheckpointRecorder):
-    """Records checkpoints of one trial in the store (what the cluster master would do)."""
-
-    def __init__(self, store: TrialStore, trial_id: int, storage: str, before_record: Callable[[], None]) -> None:
-        self._store = store
-        self._trial_id = trial_id
-        self._storage = storage
-        self._before_record = before_record  # metrics reported before a checkpoint are stored before it
-
-    def checkpoint_saved(self, storage_id: str, metadata: dict[str, Any], resources: dict[str, int]) -> None:
-        self._before_record()
-        self._store.add_checkpoint(
-            uuid=storage_id, trial_id=self._trial_id, steps_completed=int(metadata["steps_completed"]),
-            metadata=metadata, resources=resources, storage=self._storage,
-        )
-
-    def checkpoint_pending(self, storage_id: str, metadata: dict[str, Any]) -> None:
-        self._before_record()
-        self._store.add_checkpoint(
-            uuid=storage_id, trial_id=self._trial_id, steps_completed=int(metadata.get("steps_completed", 0)),
-            metadata=metadata, resources={}, storage=self._storage, pending=True,
-        )
-
-    def checkpoint_dropped(self, storage_id: str) -> None:
-        self._store.drop_pending_checkpoint(storage_id)
-
-    def checkpoint_deleted(self, storage_id: str) -> None:
-        self._store.mark_checkpoint_deleted(storage_id)
-

@@ -1,15 +1,15 @@
 """Resuming: which checkpoint "latest" means, continuing the trial it belongs to, and the trial's one timeline.
 
 A plain script registers a fresh one-trial experiment in ``core.init()``; when it then resumes from
-a checkpoint of an earlier run, that empty registration is dropped and the earlier trial goes on
-(its metrics history, best-so-far and searcher progress stay one trial's). Whenever a trial's process
+a checkpoint of an earlier run before its own trial is settled (in ``init`` or a trainer's ``fit``, before
+anything used the trial), that empty registration is dropped and the context is settled as the earlier
+trial (its metrics history, best-so-far and searcher progress stay one trial's). Whenever a trial's process
 starts from a checkpoint (or, launched again, from scratch), what lost attempts reported after it is
 superseded (``resume_timeline``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 from typing import TYPE_CHECKING, Protocol
@@ -32,10 +32,20 @@ class Context(Protocol):
 
     distributed: DistributedContext
     store: TrialStore
-    info: ClusterInfo
-    train: TrainContext
 
-    def _retarget(self, trial: TrialInfo) -> None: ...
+    @property
+    def info(self) -> ClusterInfo: ...
+
+    @property
+    def train(self) -> TrainContext: ...
+
+    @property
+    def _trial_settled(self) -> bool: ...
+
+    def peek_trial(self) -> TrialInfo: ...
+
+    def _settle(self, trial: TrialInfo, latest_checkpoint: str | None) -> None: ...
+
 
 __all__ = ["LATEST", "continue_bare_run", "resolve_latest", "resume_bare_trial", "resume_timeline"]
 
@@ -60,22 +70,21 @@ def resolve_latest(store: LocalStore, trial: TrialInfo | None = None) -> str | N
 
 def continue_bare_run(context: Context, wanted: str | None) -> str | None:
     """The checkpoint a plain script resumes from: ``wanted`` (a uuid, or ``LATEST``: the newest checkpoint
-    of an earlier run with this run's experiment name, None when there is none). The trial that wrote it
-    goes on (``resume_bare_trial``), ``context.info.latest_checkpoint`` names it, and the chief says so on
-    stderr. Every rank calls this."""
+    of an earlier run with this run's experiment name, None when there is none). The context is settled
+    as the trial that goes on (``resume_bare_trial``), with ``info.latest_checkpoint`` naming the checkpoint,
+    and the chief says so on stderr. Every rank calls this."""
     dist = context.distributed
     uuid = wanted
     if wanted == LATEST:
-        uuid = resolve_latest(own_store(context.store), context.info.trial) if dist.get_rank() == 0 else None
+        uuid = resolve_latest(own_store(context.store), context.peek_trial()) if dist.get_rank() == 0 else None
         if dist.get_size() > 1:
             uuid = dist.broadcast(uuid)
-        if uuid is None:
+        if uuid is None:  # reading info settles this run's own trial
             _say(context, f"no checkpoint to resume from in {context.info.run_dir}: trial "
                           f"{context.info.trial.trial_id} starts from scratch")
     if uuid is None:
         return None
-    resume_bare_trial(context, uuid)
-    context.info = dataclasses.replace(context.info, latest_checkpoint=uuid)
+    context._settle(resume_bare_trial(context, uuid), uuid)
     steps = _steps_of(context, uuid) if dist.get_rank() == 0 else None
     if steps is not None:
         resume_timeline(context, steps)
@@ -106,35 +115,35 @@ def _steps_of(context: Context, storage_id: str) -> int | None:
         return None
 
 
-def resume_bare_trial(context: Context, storage_id: str) -> None:
-    """Continue the trial that wrote ``storage_id`` instead of the one this run registered, when
-    this run has recorded nothing yet and the hyperparameters agree (every rank calls this)."""
+def resume_bare_trial(context: Context, storage_id: str) -> TrialInfo:
+    """The trial that goes on from ``storage_id``: the trial that wrote it, in place of the one this run
+    registered, while no rank has settled this run's trial and the hyperparameters agree; else this run's
+    (every rank calls this)."""
     dist = context.distributed
+    settled = context._trial_settled
+    if dist.get_size() > 1:
+        settled = any(dist.allgather(settled))
     adopted: TrialInfo | None = None
     if dist.get_rank() == 0:
-        adopted = _adoptable(context, storage_id)
+        adopted = _adoptable(context, storage_id, settled)
         if adopted is not None:
-            store, mine = own_store(context.store), context.info.trial
+            store, mine = own_store(context.store), context.peek_trial()
             store.delete_experiment(mine.experiment_id)
             store.set_trial_state(adopted.trial_id, RunState.ACTIVE)
             store.set_experiment_state(adopted.experiment_id, RunState.ACTIVE)
             claim_experiment(store, adopted.experiment_id)  # ours now, not the earlier (dead) run's
     if dist.get_size() > 1:
         adopted = dist.broadcast(adopted)
-    if adopted is not None:
-        context._retarget(adopted)
+    return adopted if adopted is not None else context.peek_trial()
 
 
-def _adoptable(context: Context, storage_id: str) -> TrialInfo | None:
-    store, mine = own_store(context.store), context.info.trial
+def _adoptable(context: Context, storage_id: str, settled: bool) -> TrialInfo | None:
+    store, mine = own_store(context.store), context.peek_trial()
     try:
         owner_id = store.checkpoint(storage_id).trial_id
     except NotFoundError:
         return None
     if owner_id is None or owner_id == mine.trial_id:
-        return None
-    if store.metrics(mine.trial_id, include_superseded=True) or \
-            store.checkpoints(trial_id=mine.trial_id, include_deleted=True):
         return None
     owner = store.trial(owner_id)
     if store.experiment(owner.experiment_id).model_dir is not None:
@@ -142,6 +151,11 @@ def _adoptable(context: Context, storage_id: str) -> TrialInfo | None:
     if owner.hparams != mine.hparams:
         logger.warning("checkpoint %s is from trial %d with other hyperparameters (%s); recording this "
                        "run as trial %d", storage_id, owner_id, owner.hparams, mine.trial_id)
+        return None
+    if settled:
+        logger.warning("checkpoint %s is from trial %d, but this run had already used its own trial %d (its id, "
+                       "seed, TensorBoard folder or reports) before resuming; recording this run as trial %d",
+                       storage_id, owner_id, mine.trial_id, mine.trial_id)
         return None
     return TrialInfo(trial_id=owner.id, experiment_id=owner.experiment_id, trial_seed=owner.seed,
                      hparams=owner.hparams, config=mine.config)

@@ -64,13 +64,14 @@ def open_trial_context(
 ) -> Iterator[_C]:
     """The body of every ``init()``: the Core API context (with ``distributed``, else the one
     ``from_environment`` gives, closed at the end), RNGs seeded from the trial seed, then
-    ``make_context(core)``, closed on the way out."""
+    ``make_context(core)``, closed on the way out. In a plain script the trial is settled later, by
+    ``fit`` (resuming an earlier trial, or this run's own) or by the first use of what is bound to it."""
     dist = distributed or from_environment()
     with contextlib.ExitStack() as owned:
         if distributed is None and dist is not None:
             owned.callback(dist.close)  # ours (from the environment): close it, or the next init collides
         core_context = owned.enter_context(core.init(distributed=dist, config=config, run_dir=run_dir))
-        seed(core_context.info.trial.trial_seed)
+        seed(core_context.peek_trial().trial_seed)  # fit may still settle the trial as an earlier one
         context = make_context(core_context)
         try:
             yield context
@@ -132,9 +133,7 @@ class TrainerFront:
             show_progress=show_progress, searcher_metric=self._searcher_metric(searcher),
             smaller_is_better=searcher.smaller_is_better,
         )
-        latest_checkpoint = resolve_resume(core_context, latest_checkpoint)
-        trial = core_context.info.trial  # a resumed plain script continues the trial it resumes
-        self._context._trial_id, self._context._trial_seed = trial.trial_id, trial.trial_seed
+        latest_checkpoint = resolve_resume(core_context, latest_checkpoint)  # settles the context's trial
         hooks, adapter = self._make_hooks_and_adapter()
         controller = Controller(core=core_context, adapter=adapter, hooks=hooks, settings=settings)
         with interrupt_stops_training(core_context) as exits:

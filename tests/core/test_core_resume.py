@@ -62,6 +62,35 @@ def test_latest_without_a_checkpoint_starts_from_scratch(tmp_path: Path, capsys:
     assert f"no checkpoint to resume from in {tmp_path}: trial {trial_id} starts from scratch" in capsys.readouterr().err
 
 
+def test_the_trial_is_settled_by_the_resume_or_by_its_first_use(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """What a trainer's ``fit(latest_checkpoint=...)`` does after ``init``: a context whose trial nothing used yet
+    continues the checkpoint's trial (the run it registered is dropped); one whose trial was already used (here
+    ``info`` was read) stays that trial and resumes the checkpoint as its own, saying so."""
+    from determined_trials.core._resume import continue_bare_run
+
+    uuid = _first_run(tmp_path / "unused")
+    store = det.core.LocalStore(tmp_path / "unused")
+    with det.core.init(config=CONFIG, run_dir=tmp_path / "unused") as ctx:
+        assert [e.id for e in store.experiments()] == [1, 2]  # registered, not yet settled
+        assert continue_bare_run(ctx, "latest") == uuid
+        assert (ctx.info.trial.trial_id, ctx.info.latest_checkpoint) == (1, uuid)
+        ctx.train.report_training_metrics(20, {"loss": 0.5})
+    assert [e.id for e in store.experiments()] == [1]
+    assert [m.steps_completed for m in store.metrics(1, "training")] == [10, 20]
+
+    uuid = _first_run(tmp_path / "used")
+    store = det.core.LocalStore(tmp_path / "used")
+    with det.core.init(config=CONFIG, run_dir=tmp_path / "used") as ctx:
+        mine = ctx.info.trial
+        assert continue_bare_run(ctx, "latest") == uuid
+        assert ctx.info.trial == mine and ctx.info.latest_checkpoint == uuid
+        ctx.train.report_training_metrics(20, {"loss": 0.5})
+    assert [e.id for e in store.experiments()] == [1, 2]
+    assert [m.steps_completed for m in store.metrics(mine.trial_id, "training")] == [20]
+    assert f"this run had already used its own trial {mine.trial_id}" in caplog.text
+
+
 @pytest.mark.slow
 def test_the_core_api_example_resumes_its_own_trial(tmp_path: Path) -> None:
     """`make example-core` as a user runs it: preempted after 3 epochs, resumed with --resume latest."""

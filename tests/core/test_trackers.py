@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -161,6 +162,60 @@ def test_trainer_fit_logs_to_the_default_local_store(tmp_path: Path) -> None:
         rows = [(m.steps_completed, float(m.metrics[key])) for m in store.metrics(1, group)]
         assert len(rows) == (4 if group == "training" else 2)
         assert mlflow_steps(uri, run_id, f"{group}/{key}") == rows
+
+
+# the first process: a plain fit preempted by SIGTERM during batch 4 (checkpointed after it), trial 1
+_PREEMPTED_FIT = """
+import os, signal, sys
+from trials_pytorch import LinearTrial, config, fit
+from determined_trials.pytorch import Batch
+
+class Preempted(LinearTrial):
+    def train_batch(self, batch, epoch_idx, batch_idx):
+        if batch_idx == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().train_batch(batch, epoch_idx, batch_idx)
+
+conf = config(name="sigterm-fit", integrations={"mlflow": {"tracking_uri": sys.argv[2]}})
+_, trainer, _ = fit(Preempted, conf, sys.argv[1], max_length=Batch(8), reporting_period=Batch(1))
+assert trainer.exit_reason.value == "preempted", trainer.exit_reason
+"""
+
+
+@pytest.mark.usefixtures("cpu_device")
+def test_a_plain_fit_resumed_in_a_new_process_reports_to_its_trials_run(server: str, tmp_path: Path) -> None:
+    """``pytorch.init`` then ``fit(latest_checkpoint="latest")`` after a SIGTERM stopped the first process: trial 1
+    goes on, and so does its MLflow run (every step once, FINISHED); no run is opened for the trial the second
+    process registered and gave up for trial 1 (issue 41)."""
+    from mlflow.tracking import MlflowClient
+    from trials_pytorch import LinearTrial, fit
+    from trials_pytorch import config as trial_config
+
+    from determined_trials.pytorch import Batch
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")])}
+    first = subprocess.run([sys.executable, "-c", _PREEMPTED_FIT, str(tmp_path), server], env=env,
+                           capture_output=True, text=True, timeout=240)
+    assert first.returncode == 0, first.stderr
+    store = LocalStore(tmp_path)
+    run_id = store.tracker_run(1, "mlflow")["run_id"]
+    assert _run(server, run_id).info.status == "SCHEDULED"  # preempted: to be continued
+    assert [m.steps_completed for m in store.metrics(1, "training")] == [1, 2, 3, 4]
+
+    conf = trial_config(name="sigterm-fit", integrations={"mlflow": {"tracking_uri": server}})
+    _, trainer, info = fit(LinearTrial, conf, tmp_path, latest_checkpoint="latest", max_length=Batch(8),
+                           reporting_period=Batch(1))
+    assert trainer.exit_reason is not None and trainer.exit_reason.value == "completed"
+    assert info["trial_id"] == 1
+    assert [e.id for e in store.experiments()] == [1]
+    assert store.tracker_run(1, "mlflow")["run_id"] == run_id
+    rows = _store_steps(store, 1, "training")
+    assert [step for step, _ in rows] == list(range(1, 9))
+    assert mlflow_steps(server, run_id, "training/loss") == rows
+    experiment = MlflowClient(tracking_uri=server).get_experiment_by_name("sigterm-fit")
+    runs = MlflowClient(tracking_uri=server).search_runs([experiment.experiment_id])
+    assert [(r.info.run_id, r.info.run_name, r.info.status) for r in runs] == [(run_id, "sigterm-fit trial 1",
+                                                                                  "FINISHED")]
 
 
 def test_a_server_away_mid_run_neither_stalls_training_nor_loses_rows(

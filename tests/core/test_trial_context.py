@@ -203,3 +203,42 @@ def test_the_family_only_names_are_what_each_family_context_has(with_keras: bool
             assert hasattr(cls, name) == (family in families), (name, family)
     pytorch_ctx = contexts["det.pytorch.PyTorchTrialContext"].from_config(CONFIG)  # type: ignore[attr-defined]
     assert callable(pytorch_ctx.wrap_model)
+
+
+class _FamilyContext(TrialContext):
+    """A family's context in miniature: the constructor preamble every family's context starts with."""
+
+    def __init__(self, core_context: Any, **identity: Any) -> None:
+        self._init_identity(core_context, identity)
+
+
+def test_a_contexts_trial_is_fixed_once(tmp_path: Any) -> None:
+    """The ids and seed are read-only, from construction (given) or from the Core API context's trial, which is
+    settled once: no part of either context can be pointed at another trial afterwards."""
+    import dataclasses
+
+    import determined_trials as det
+
+    bare = TrialContext.from_config(CONFIG)
+    for name in ("_trial_id", "_trial_seed", "_experiment_id"):
+        with pytest.raises(AttributeError):
+            setattr(bare, name, 5)
+    assert (bare.get_trial_seed(), bare.get_trial_id()) == (7, 0)
+    with det.core.init(config=CONFIG, run_dir=tmp_path) as core:
+        context = _FamilyContext(core)
+        given = _FamilyContext(core, trial_id=42)
+        trial = core.info.trial
+        assert (context.get_trial_id(), context.get_experiment_id(), context.get_trial_seed()) == \
+            (trial.trial_id, trial.experiment_id, trial.trial_seed)
+        assert (given.get_trial_id(), given.get_trial_seed()) == (42, trial.trial_seed)
+        for name in ("_trial_id", "_trial_seed", "_experiment_id"):
+            with pytest.raises(AttributeError):
+                setattr(context, name, 5)
+        for part in ("info", "train", "checkpoint", "searcher", "profiler"):
+            with pytest.raises(AttributeError):
+                setattr(core, part, None)
+        assert not hasattr(core, "_retarget")
+        other = dataclasses.replace(trial, trial_id=trial.trial_id + 1)
+        with pytest.raises(RuntimeError, match="cannot be settled again"):
+            core._settle(other, None)
+        assert core.info.trial == trial and context.get_trial_id() == trial.trial_id
