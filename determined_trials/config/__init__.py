@@ -7,6 +7,7 @@ sampling, and the generated reference (``_reference``).
 May import: errors
 """
 
+from determined_trials.config._det_keys import CONFIG_WARNED_ENV
 from determined_trials.config._hparams import (
     CategoricalHP,
     ConstHP,
@@ -17,11 +18,12 @@ from determined_trials.config._hparams import (
     grid_points,
     hparam_leaves,
     parse_space,
+    sample_hparam,
     sample_hparams,
 )
 from determined_trials.config._integrations import Integrations, MlflowIntegration, WandbIntegration
 from determined_trials.config._length import Length, LengthUnit
-from determined_trials.config._load import ConfigSource, load_config
+from determined_trials.config._load import ConfigSource, load_config, load_raw, validate_raw
 from determined_trials.config._schema import (
     ConfigWarning,
     ExperimentConfig,
@@ -38,6 +40,7 @@ from determined_trials.config._searcher import (
     RandomSearcher,
     SearcherConfig,
     SingleSearcher,
+    default_searcher,
 )
 from determined_trials.config._storage import (
     AzureStorage,
@@ -85,4 +88,9 @@ __all__ = [
     "parse_space",
     "load_config",
     "sample_hparams",
+    "CONFIG_WARNED_ENV",
+    "default_searcher",
+    "load_raw",
+    "sample_hparam",
+    "validate_raw",
 ]

@@ -29,16 +29,16 @@ from determined_trials.core._searcher import (
     Unit,
 )
 from determined_trials.core._train import EarlyExitReason, TensorboardMode, TrainContext
-from determined_trials.core.channel._client import open_store
+from determined_trials.core.channel import open_store
 from determined_trials.core.storage import storage_from_spec
-from determined_trials.core.store import RunState
-from determined_trials.core.store._checkpoint_recovery import (
+from determined_trials.core.store import (
+    LocalStore,
+    RunState,
+    claim_experiment,
     recover_checkpoints,
     recover_run_checkpoints,
     remove_stale_staging,
 )
-from determined_trials.core.store._local import LocalStore
-from determined_trials.core.store._owner import claim_experiment
 from determined_trials.core.trackers import Outcome, TrackerForwarder, TrialFacts, check_trackers, open_forwarder
 from determined_trials.errors import InvalidHP, TrainingInterrupted
 

@@ -18,11 +18,11 @@ from determined_trials.core._metrics import (
     to_json_metrics,
 )
 from determined_trials.core._tensorboard import ScalarWriter, tag_for
-from determined_trials.core.store._report_buffer import DisplayFields, ReportBuffer
+from determined_trials.core.store import DisplayFields, ReportBuffer
 
 if TYPE_CHECKING:
     from determined_trials.core._distributed import DistributedContext
-    from determined_trials.core.store._local import LocalStore
+    from determined_trials.core.store import LocalStore
 
 __all__ = ["EarlyExitReason", "TensorboardMode", "TrainContext"]
 

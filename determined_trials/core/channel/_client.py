@@ -13,8 +13,7 @@ from typing import Any, cast
 import zmq
 
 from determined_trials.core.channel._server import ALLOWED_METHODS, LOG_METHOD, ChannelToken
-from determined_trials.core.store._local import LocalStore
-from determined_trials.core.store._records import NotFoundError, dumps
+from determined_trials.core.store import LocalStore, NotFoundError, dumps
 
 __all__ = ["STORE_CHANNEL_ENV", "ChannelError", "RemoteStore", "open_store"]
 

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from determined_trials.core.store._local import LocalStore
+from determined_trials.core.store import LocalStore
 from determined_trials.core.trackers._sink import Outcome, Sink
 
 __all__ = ["FINISH_TIMEOUT_ENV", "Outcome", "TrackerForwarder"]
