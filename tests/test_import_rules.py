@@ -431,3 +431,44 @@ def test_no_test_module_imports_another() -> None:
     offenders = {str(path.relative_to(tests)): found for path in sorted(tests.rglob("test_*.py"))
                  if (found := _imported_test_modules(path.read_text()))}
     assert offenders == {}
+
+
+def _support_imports(source: str) -> list[str]:
+    """The modules a source imports, as written (``from support import x`` is ``support.x``)."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+            if node.module == "support":
+                names.extend(f"support.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return names
+
+
+def test_the_helpers_are_a_package_and_the_files_tests_run_keep_their_names() -> None:
+    """tests/support's helpers are imported as the ``support`` package's modules; its trial files, workers and rank
+    bodies, which other processes import by file name, by that name only (a module imported under two names is two
+    modules). A worker, run by path, may import a helper by file name: its folder is its import root."""
+    tests = Path(__file__).parent
+    support = tests / "support"
+    helpers = {p.stem for p in support.glob("helpers_*.py")}
+    run_files = {p.stem for p in support.glob("*.py") if p.stem.startswith(("trials_", "worker_", "ranks_"))}
+
+    def wrong_in(source: str, where: str, worker: bool) -> list[str]:
+        wrong = []
+        for module in _support_imports(source):
+            if module in helpers and not worker:
+                wrong.append(f"{where}: `{module}` imported flat; `from support.{module} import ...`")
+            if module.startswith("support.") and module.split(".")[1] in run_files:
+                wrong.append(f"{where}: `{module}`; import it by its file name: `{module.split('.')[1]}`")
+        return wrong
+
+    assert wrong_in("import helpers_paths\nfrom support import trials_pytorch as t\nfrom support.helpers_ckpt import x\n"
+                    "from trials_pytorch import y\n", "f.py", False) == [
+        "f.py: `helpers_paths` imported flat; `from support.helpers_paths import ...`",
+        "f.py: `support.trials_pytorch`; import it by its file name: `trials_pytorch`"]
+    wrong = [line for path in sorted(tests.rglob("*.py")) if "det_tutorials" not in path.parts
+             for line in wrong_in(path.read_text(), str(path.relative_to(tests)),
+                                  path.parent == support and path.stem.startswith("worker_"))]
+    assert not wrong, "\n".join(wrong)
