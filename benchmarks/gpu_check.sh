@@ -20,8 +20,8 @@ else
 fi
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 DET_DEEPSPEED_SHM_COMM=0
 # the modules holding gpu-marked tests: collecting the whole suite would import the UI and Ray extras
-gpu_modules="tests/gpu/test_gpu.py tests/pytorch/test_pytorch_amp_resume.py tests/pytorch/test_snapshot_buffers.py \
-tests/deepspeed/test_deepspeed_resume_device.py tests/pytorch/test_pytorch_metrics.py"
+gpu_modules="tests/gpu/test_gpu.py tests/pytorch/test_pytorch_amp_resume.py tests/pytorch/checkpoint/test_snapshot_buffers.py \
+tests/deepspeed/test_deepspeed_resume_device.py tests/pytorch/metrics/test_pytorch_metrics.py"
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"

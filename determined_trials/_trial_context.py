@@ -18,15 +18,19 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
-from determined_trials.config import ExperimentConfig, load_config, sample_hparams
-from determined_trials.config._load import load_raw, validate_raw
-from determined_trials.config._searcher import default_searcher
+from determined_trials.config import (
+    ExperimentConfig,
+    default_searcher,
+    load_config,
+    load_raw,
+    sample_hparams,
+    validate_raw,
+)
 from determined_trials.errors import ConfigError
 
 if TYPE_CHECKING:
     from determined_trials.config import ConfigSource
-    from determined_trials.core import Context
-    from determined_trials.core._distributed import DistributedContext
+    from determined_trials.core import Context, DistributedContext
 
 __all__ = ["TrialContext", "TrialIdentity"]
 
@@ -195,7 +199,7 @@ class TrialContext:
     def distributed(self) -> DistributedContext:
         """The trial's DistributedContext (size 1 unless one was given)."""
         if self._distributed is None:
-            from determined_trials.core._distributed import DistributedContext
+            from determined_trials.core import DistributedContext
 
             self._distributed = DistributedContext(
                 rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1

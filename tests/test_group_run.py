@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers_group_run import run_in_group
+from support.helpers_group_run import run_in_group
 
 # the parent writes its child's pid, then exits at once or hangs
 SPAWNER = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "

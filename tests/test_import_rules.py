@@ -1,5 +1,6 @@
 """The layer rules of docs/architecture.md: core/ and loop/ never import torch or tensorflow; every room imports
-only the rooms its docstring's ``May import:`` line names, and no module imports itself back through others."""
+only the rooms its docstring's ``May import:`` line names, no module imports itself back through others, and no
+package imports another package's underscore modules (it imports what that package's ``__init__`` exports)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ast
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -167,40 +169,68 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The package's modules that ``name`` imports anywhere in its source (TYPE_CHECKING and function-level
-    imports included: a circle through them is still a circle to a reader)."""
-    is_package = path.name == "__init__.py"
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        targets: list[str] = []
+def _imported(name: str, path: Path, source: str, modules: dict[str, Path]) -> Iterator[tuple[ast.stmt, str, list[str]]]:
+    """Each import statement of module ``name`` with the module (below determined_trials) it names and the names it
+    takes from it: ``from determined_trials.a import _b`` (a module) is ``("a._b", [])``, ``from
+    determined_trials.a._b import X`` is ``("a._b", ["X"])``; relative imports resolved, other packages skipped."""
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
+            found = [(a.name, []) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = ["determined_trials", *name.split(".")] if name else ["determined_trials"]
-                base = base if is_package else base[:-1]
+                base = base if path.name == "__init__.py" else base[:-1]
                 base = base[: len(base) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            submodules = [f"{module}.{a.name}" for a in node.names]
-            inside = [m for m in submodules if m.removeprefix("determined_trials.").removeprefix("determined_trials")
-                      in modules]
-            targets = inside if len(inside) == len(submodules) else [module, *inside]
-        for target in targets:
+            short = module.removeprefix("determined_trials").removeprefix(".")
+            submodules = [a.name for a in node.names if f"{short}.{a.name}".lstrip(".") in modules]
+            names = [a.name for a in node.names if a.name not in submodules]
+            found = [(f"{module}.{sub}", []) for sub in submodules] + ([(module, names)] if names else [])
+        else:
+            continue
+        for target, names in found:
             if target == "determined_trials" or target.startswith("determined_trials."):
                 short = target.removeprefix("determined_trials").removeprefix(".")
                 while short not in modules and "." in short:
                     short = short.rsplit(".", 1)[0]
                 if short in modules and short != name:
-                    found.add(short)
+                    yield node, short, names
+
+
+def _reexports(modules: dict[str, Path]) -> dict[tuple[str, str], str]:
+    """(package, name) -> the module that defines a name a package's ``__init__`` imports (re-exports), followed
+    through packages that re-export it in turn."""
+    direct = {}
+    for package, path in modules.items():
+        if path.name == "__init__.py":
+            for _, module, names in _imported(package, path, path.read_text(), modules):
+                direct.update({(package, n): module for n in names})
+
+    def follow(key: tuple[str, str]) -> str:
+        module = direct[key]
+        return follow((module, key[1])) if (module, key[1]) in direct else module
+
+    return {key: follow(key) for key in direct}
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path], reexports: dict[tuple[str, str], str]) -> set[str]:
+    """The package's modules that ``name`` imports anywhere in its source (TYPE_CHECKING and function-level
+    imports included: a circle through them is still a circle to a reader). A name taken from a package is an
+    arrow to the module that defines it (the one its ``__init__`` re-exports), as a name taken from that module
+    directly was: importing a package runs its ``__init__``, but so does importing any module inside it."""
+    found = set()
+    for _, module, names in _imported(name, path, path.read_text(), modules):
+        targets = {reexports.get((module, n), module) for n in names} if names else {module}
+        found |= targets - {name}
     return found
 
 
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    return {name: _imports(name, path, modules) for name, path in modules.items()}
+    reexports = _reexports(modules)
+    return {name: _imports(name, path, modules, reexports) for name, path in modules.items()}
 
 
 def _room(module: str) -> str:
@@ -237,6 +267,46 @@ def test_imports_follow_the_rooms_directions() -> None:
             if other != room and other not in ALLOWED[room] and (module, target) not in EXCEPTIONS:
                 wrong.append(f"{module} -> {target} ({room or 'determined_trials'} may not import {other})")
     assert not wrong, "imports against the rooms' 'May import:' lines (docs/architecture.md):\n" + "\n".join(sorted(wrong))
+
+
+def _package(module: str, modules: dict[str, Path]) -> str:
+    """The package (a folder with an ``__init__.py``) a module is in; a package's ``__init__`` is in itself."""
+    return ".".join(modules[module].parent.relative_to(PACKAGE).parts)
+
+
+def _private_imports(name: str, path: Path, source: str, modules: dict[str, Path]) -> list[str]:
+    """The imports in ``source`` (module ``name``) of another package's underscore module, each with its fix. A
+    sub-package is another package to its parent and the parent to it; a module directly in determined_trials/
+    (``_info``, ``_compat``, ...) is a room of its own, its module the room's interface."""
+    wrong = []
+    for node, module, names in _imported(name, path, source, modules):
+        leaf = module.rsplit(".", 1)[-1]
+        package = _package(module, modules)
+        if "." not in module or not leaf.startswith("_") or package == _package(name, modules):
+            continue
+        where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+        wanted = ", ".join(names) or f"the names it uses from {leaf}"
+        wrong.append(f"{where}: `{ast.unparse(node)}` reaches into determined_trials.{module}; import from the "
+                     f"package instead: `from determined_trials.{package} import {wanted}` (export them in "
+                     f"{package.replace('.', '/')}/__init__.py's __all__)")
+    return wrong
+
+
+def test_no_import_of_another_packages_private_module() -> None:
+    """A package's interface is its ``__init__``: other packages import what it exports, never its underscore
+    modules (tests may)."""
+    modules = _modules()
+    wrong = [line for name, path in sorted(modules.items())
+             for line in _private_imports(name, path, path.read_text(), modules)]
+    assert not wrong, "imports of another package's private module:\n" + "\n".join(wrong)
+    ui_data = modules["ui._data"]
+    found = _private_imports("ui._data", ui_data, "from determined_trials.core.store._local import LocalStore\n"
+                             "from determined_trials.core import store, _resume\nfrom . import _auth\n"
+                             "from determined_trials._info import TrialInfo\n", modules)
+    assert [line.split(": ", 1)[1].split(";")[0] for line in found] == [
+        "`from determined_trials.core.store._local import LocalStore` reaches into determined_trials.core.store._local",
+        "`from determined_trials.core import store, _resume` reaches into determined_trials.core._resume"]
+    assert "`from determined_trials.core.store import LocalStore`" in found[0]
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -361,3 +431,44 @@ def test_no_test_module_imports_another() -> None:
     offenders = {str(path.relative_to(tests)): found for path in sorted(tests.rglob("test_*.py"))
                  if (found := _imported_test_modules(path.read_text()))}
     assert offenders == {}
+
+
+def _support_imports(source: str) -> list[str]:
+    """The modules a source imports, as written (``from support import x`` is ``support.x``)."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+            if node.module == "support":
+                names.extend(f"support.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return names
+
+
+def test_the_helpers_are_a_package_and_the_files_tests_run_keep_their_names() -> None:
+    """tests/support's helpers are imported as the ``support`` package's modules; its trial files, workers and rank
+    bodies, which other processes import by file name, by that name only (a module imported under two names is two
+    modules). A worker, run by path, may import a helper by file name: its folder is its import root."""
+    tests = Path(__file__).parent
+    support = tests / "support"
+    helpers = {p.stem for p in support.glob("helpers_*.py")}
+    run_files = {p.stem for p in support.glob("*.py") if p.stem.startswith(("trials_", "worker_", "ranks_"))}
+
+    def wrong_in(source: str, where: str, worker: bool) -> list[str]:
+        wrong = []
+        for module in _support_imports(source):
+            if module in helpers and not worker:
+                wrong.append(f"{where}: `{module}` imported flat; `from support.{module} import ...`")
+            if module.startswith("support.") and module.split(".")[1] in run_files:
+                wrong.append(f"{where}: `{module}`; import it by its file name: `{module.split('.')[1]}`")
+        return wrong
+
+    assert wrong_in("import helpers_paths\nfrom support import trials_pytorch as t\nfrom support.helpers_ckpt import x\n"
+                    "from trials_pytorch import y\n", "f.py", False) == [
+        "f.py: `helpers_paths` imported flat; `from support.helpers_paths import ...`",
+        "f.py: `support.trials_pytorch`; import it by its file name: `trials_pytorch`"]
+    wrong = [line for path in sorted(tests.rglob("*.py")) if "det_tutorials" not in path.parts
+             for line in wrong_in(path.read_text(), str(path.relative_to(tests)),
+                                  path.parent == support and path.stem.startswith("worker_"))]
+    assert not wrong, "\n".join(wrong)

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from determined_trials.core.store._local import LocalStore
+from determined_trials.core.store import LocalStore
 
 __all__ = [
     "DEFAULT_RUN_DIR",

@@ -12,7 +12,7 @@ import yaml
 
 from determined_trials._format import Column, emit, jsonable, local_time, text
 from determined_trials.cli import _common, _search, _trial
-from determined_trials.core.store._local import Experiment, LocalStore
+from determined_trials.core.store import Experiment, LocalStore
 
 __all__ = ["register"]
 
@@ -41,7 +41,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from determined_trials.core.store._owner import release_dead_owners
+    from determined_trials.core.store import release_dead_owners
 
     store = _common.open_store(args)
     release_dead_owners(store)

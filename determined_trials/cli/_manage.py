@@ -12,9 +12,7 @@ from typing import Any, TypeVar
 from determined_trials._format import flat_hparams, local_time, text
 from determined_trials.cli import _common, _search
 from determined_trials.cli._run import checkpoint_storage_for, group_of
-from determined_trials.core.store import RunState
-from determined_trials.core.store._local import LocalStore
-from determined_trials.core.store._owner import release_dead_owners
+from determined_trials.core.store import LocalStore, RunState, release_dead_owners
 
 __all__ = ["register"]
 
@@ -42,7 +40,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _kill(args: argparse.Namespace) -> int:
-    from determined_trials.experiment._control import kill_experiment
+    from determined_trials.experiment import kill_experiment
 
     _control(kill_experiment, args)
     print(f"experiment {args.experiment_id} killed: its trials are CANCELED (their checkpoints are kept)")
@@ -50,7 +48,7 @@ def _kill(args: argparse.Namespace) -> int:
 
 
 def _pause(args: argparse.Namespace) -> int:
-    from determined_trials.experiment._control import pause_experiment
+    from determined_trials.experiment import pause_experiment
 
     _control(pause_experiment, args)
     print(f"experiment {args.experiment_id} is pausing: its trials checkpoint and stop")
@@ -58,7 +56,7 @@ def _pause(args: argparse.Namespace) -> int:
 
 
 def _activate(args: argparse.Namespace) -> int:
-    from determined_trials.experiment._control import CONTINUE_LOG, activate_experiment
+    from determined_trials.experiment import CONTINUE_LOG, activate_experiment
 
     pid = _control(activate_experiment, args)
     print(f"experiment {args.experiment_id} continues in the background (pid {pid}; output in {CONTINUE_LOG} "
@@ -79,7 +77,7 @@ def _control(action: Callable[[LocalStore, int], _T], args: argparse.Namespace) 
 def _delete(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
     exp = store.experiment(args.experiment_id)
-    from determined_trials.experiment._control import live_owner
+    from determined_trials.experiment import live_owner
 
     if live_owner(store, exp.id) is not None:
         raise _common.CliError(f"experiment {exp.id} is running; stop it first (`det-trials experiment kill "

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from determined_trials.cli import _common
-from determined_trials.core.store import CheckpointState, RunState
-from determined_trials.core.store._local import LocalStore
+from determined_trials.core.store import CheckpointState, LocalStore, RunState
 
 __all__ = ["checkpoint_storage_for", "group_of", "register", "trial_log_path"]
 
@@ -131,7 +130,7 @@ def _logs(args: argparse.Namespace) -> int:
 def _follow(store: LocalStore, trial_id: int, path: Path, offset: int) -> None:
     """Print what is appended to the log from ``offset`` on, until the trial stops running (or its
     experiment's process is gone)."""
-    from determined_trials.core.store._owner import release_dead_owners
+    from determined_trials.core.store import release_dead_owners
 
     with open(path, "rb") as log:
         log.seek(offset)
@@ -151,7 +150,7 @@ def _follow(store: LocalStore, trial_id: int, path: Path, offset: int) -> None:
 def checkpoint_storage_for(store: object, uuid: str) -> object:
     """The storage backend that holds checkpoint ``uuid`` (from its experiment's config)."""
     from determined_trials.core.storage import storage_from_spec
-    from determined_trials.core.store._local import LocalStore
+    from determined_trials.core.store import LocalStore
 
     assert isinstance(store, LocalStore)
     record = store.checkpoint(uuid)
@@ -193,14 +192,14 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _is_dcp(folder: Path) -> bool:
-    from determined_trials.pytorch.parallel._fsdp import is_dcp_checkpoint
+    from determined_trials.pytorch.parallel import is_dcp_checkpoint
 
     return is_dcp_checkpoint(folder)
 
 
 def _consolidate_dcp(folder: Path, tag: str) -> dict[str, Any]:
     """Wrapped model ``model<i>`` of an FSDP2 checkpoint's DCP shards as one plain state_dict."""
-    from determined_trials.pytorch.checkpoint._dcp import read_dcp_models
+    from determined_trials.pytorch.checkpoint import read_dcp_models
 
     index = tag.removeprefix("model")
     models = read_dcp_models(folder)

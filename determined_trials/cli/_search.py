@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from determined_trials._format import Column, flat_hparams, table, text
-from determined_trials.core.store._local import Experiment, LocalStore, Trial
+from determined_trials.core.store import Experiment, LocalStore, Trial
 
 __all__ = ["best_trial", "best_trial_line", "lineage_pairs", "write_lineage"]
 

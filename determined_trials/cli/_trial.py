@@ -9,8 +9,7 @@ from typing import Any, TextIO
 
 from determined_trials._format import Column, emit, flat_hparams, table
 from determined_trials.cli import _common
-from determined_trials.core.store import RunState
-from determined_trials.core.store._local import MetricRecord, Trial
+from determined_trials.core.store import MetricRecord, RunState, Trial
 
 __all__ = ["register", "write_trial_table"]
 
@@ -60,7 +59,7 @@ def write_trial_table(out: TextIO, trials: Sequence[Trial], fit: int | None = No
 
 
 def _list(args: argparse.Namespace) -> int:
-    from determined_trials.core.store._owner import release_dead_owners
+    from determined_trials.core.store import release_dead_owners
 
     store = _common.open_store(args)
     release_dead_owners(store)  # trials of a killed runner or script show as PAUSED (resumable)

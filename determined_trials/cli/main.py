@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from determined_trials import __version__
 from determined_trials.cli import _checkpoint, _common, _experiment, _manage, _run, _tensorboard, _trial, _ui
-from determined_trials.core.store._local import NotFoundError
+from determined_trials.core.store import NotFoundError
 
 __all__ = ["build_parser", "main"]
 

@@ -8,6 +8,7 @@ sampling, the checkpoint storage section with every rule about it (``parse_stora
 May import: errors
 """
 
+from determined_trials.config._det_keys import CONFIG_WARNED_ENV
 from determined_trials.config._hparams import (
     CategoricalHP,
     ConstHP,
@@ -18,11 +19,12 @@ from determined_trials.config._hparams import (
     grid_points,
     hparam_leaves,
     parse_space,
+    sample_hparam,
     sample_hparams,
 )
 from determined_trials.config._integrations import Integrations, MlflowIntegration, WandbIntegration
 from determined_trials.config._length import Length, LengthUnit
-from determined_trials.config._load import ConfigSource, load_config
+from determined_trials.config._load import ConfigSource, load_config, load_raw, validate_raw
 from determined_trials.config._schema import (
     ConfigWarning,
     ExperimentConfig,
@@ -39,6 +41,7 @@ from determined_trials.config._searcher import (
     RandomSearcher,
     SearcherConfig,
     SingleSearcher,
+    default_searcher,
 )
 from determined_trials.config._storage import (
     AZURE_CONNECTION_ENV,
@@ -92,4 +95,9 @@ __all__ = [
     "parse_storage",
     "load_config",
     "sample_hparams",
+    "CONFIG_WARNED_ENV",
+    "default_searcher",
+    "load_raw",
+    "sample_hparam",
+    "validate_raw",
 ]

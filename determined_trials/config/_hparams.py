@@ -158,7 +158,8 @@ def parse_space(space: Mapping[str, Any]) -> dict[str, Any]:
         raise_problems(problems_from_validation(exc, HParams, prefix=("hyperparameters",)))
 
 
-def _sample_one(spec: Any, rng: random.Random) -> Any:
+def sample_hparam(spec: Any, rng: random.Random) -> Any:
+    """One value drawn from a parsed spec (a nested group: a dict of values)."""
     if isinstance(spec, ConstHP):
         return copy.deepcopy(spec.val)
     if isinstance(spec, IntHP):
@@ -170,7 +171,7 @@ def _sample_one(spec: Any, rng: random.Random) -> Any:
     if isinstance(spec, CategoricalHP):
         return copy.deepcopy(rng.choice(spec.vals))
     if isinstance(spec, dict):
-        return {name: _sample_one(sub, rng) for name, sub in spec.items()}
+        return {name: sample_hparam(sub, rng) for name, sub in spec.items()}
     return copy.deepcopy(spec)
 
 
@@ -180,7 +181,7 @@ def sample_hparams(space: Mapping[str, Any], rng: random.Random) -> dict[str, An
     `space` is `ExperimentConfig.hyperparameters` or a raw mapping in the same format.
     """
     parsed = parse_space(space)
-    return {name: _sample_one(spec, rng) for name, spec in parsed.items()}
+    return {name: sample_hparam(spec, rng) for name, spec in parsed.items()}
 
 
 def _round_half_away(x: float) -> int:

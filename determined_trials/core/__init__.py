@@ -8,10 +8,13 @@ May import: errors, _info, config, core.*
 """
 
 from determined_trials.core._checkpoint import CheckpointContext, DownloadMode
-from determined_trials.core._context import Context, init
+from determined_trials.core._checkpoint_helpers import read_json_file
+from determined_trials.core._context import LAUNCH_DIR_ENV, PREEMPTED_MARKER, Context, init, resolve_run_dir
 from determined_trials.core._distributed import DistributedContext
 from determined_trials.core._preempt import PreemptContext, PreemptMode
 from determined_trials.core._profiler import ProfilerContext
+from determined_trials.core._progress import experiment_progress, planned_trials, trial_progress
+from determined_trials.core._resume import LATEST, continue_bare_run, resolve_latest
 from determined_trials.core._searcher import (
     SearcherContext,
     SearcherMode,
@@ -20,7 +23,7 @@ from determined_trials.core._searcher import (
 )
 from determined_trials.core._staged import StagedCheckpoint
 from determined_trials.core._train import EarlyExitReason, TensorboardMode, TrainContext
-from determined_trials.core.store._local import (
+from determined_trials.core.store import (
     CheckpointRecord,
     Experiment,
     LocalStore,
@@ -50,4 +53,15 @@ __all__ = [
     "Trial",
     "Unit",
     "init",
+    # what the other packages of determined_trials use (not Determined's API):
+    "LATEST",
+    "LAUNCH_DIR_ENV",
+    "PREEMPTED_MARKER",
+    "continue_bare_run",
+    "experiment_progress",
+    "planned_trials",
+    "read_json_file",
+    "resolve_latest",
+    "resolve_run_dir",
+    "trial_progress",
 ]

@@ -11,8 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from determined_trials.core.storage import METADATA_FILE, Selector
-from determined_trials.core.storage._base import list_local_files
+from determined_trials.core.storage import METADATA_FILE, Selector, list_local_files
 
 __all__ = ["Outcome", "attempt", "check_metadata", "checkpoint_files", "jsonable", "merge_plans", "portable",
            "read_json_file", "unwrap", "warn_metadata_replaced"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from determined_trials._info import ClusterInfo, TrialInfo, get_cluster_info
 from determined_trials.config import ExperimentConfig, load_config, sample_hparams
-from determined_trials.core._checkpoint import CheckpointContext, CheckpointRecorder
+from determined_trials.core._checkpoint import CheckpointContext
 from determined_trials.core._distributed import DistributedContext
 from determined_trials.core._parts import PartsMaker, TrialParts
 from determined_trials.core._preempt import PreemptContext, PreemptMode
@@ -28,12 +28,16 @@ from determined_trials.core._profiler import ProfilerContext
 from determined_trials.core._resume import continue_bare_run, resume_timeline
 from determined_trials.core._searcher import SearcherContext
 from determined_trials.core._train import EarlyExitReason, TensorboardMode, TrainContext
-from determined_trials.core.channel._client import open_store, own_store
+from determined_trials.core.channel import open_store, own_store
 from determined_trials.core.storage import storage_from_spec
-from determined_trials.core.store import RunState, TrialStore
-from determined_trials.core.store._checkpoint_recovery import recover_run_checkpoints, remove_stale_staging
-from determined_trials.core.store._local import LocalStore
-from determined_trials.core.store._owner import claim_experiment
+from determined_trials.core.store import (
+    LocalStore,
+    RunState,
+    TrialStore,
+    claim_experiment,
+    recover_run_checkpoints,
+    remove_stale_staging,
+)
 from determined_trials.core.trackers import Outcome, TrackerForwarder, TrialFacts, check_trackers, open_forwarder
 from determined_trials.errors import InvalidHP, TrainingInterrupted
 

@@ -8,7 +8,7 @@ import weakref
 from types import TracebackType
 from typing import Any
 
-from determined_trials.core.transport._transport import End, Layout, Transport
+from determined_trials.core.transport import End, Layout, Transport
 
 __all__ = ["DistributedContext", "dummy_distributed"]
 

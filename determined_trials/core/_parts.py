@@ -15,8 +15,7 @@ from determined_trials.core._profiler import ProfilerContext
 from determined_trials.core._searcher import SearcherContext, SingleOperationSource, Unit
 from determined_trials.core._train import TensorboardMode, TrainContext
 from determined_trials.core.storage import StorageManager
-from determined_trials.core.store._checkpoint_recovery import recover_checkpoints
-from determined_trials.core.store import TrialStore
+from determined_trials.core.store import TrialStore, recover_checkpoints
 
 __all__ = ["PartsMaker", "TrialParts"]
 

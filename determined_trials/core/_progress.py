@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from determined_trials.config import grid_points
-from determined_trials.core.store._states import RunState
+from determined_trials.core.store import RunState
 
 __all__ = ["DONE_STATES", "experiment_progress", "planned_trials", "trial_progress"]
 

@@ -15,16 +15,14 @@ import sys
 from typing import TYPE_CHECKING, Protocol
 
 from determined_trials._info import TrialInfo
-from determined_trials.core.channel._client import own_store
-from determined_trials.core.store import RunState, TrialStore
-from determined_trials.core.store._owner import claim_experiment
-from determined_trials.core.store._records import NotFoundError
+from determined_trials.core.channel import own_store
+from determined_trials.core.store import NotFoundError, RunState, TrialStore, claim_experiment
 
 if TYPE_CHECKING:
     from determined_trials._info import ClusterInfo
     from determined_trials.core._distributed import DistributedContext
     from determined_trials.core._train import TrainContext
-    from determined_trials.core.store._local import LocalStore
+    from determined_trials.core.store import LocalStore
 
 
 class Context(Protocol):

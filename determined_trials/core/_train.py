@@ -18,7 +18,7 @@ from determined_trials.core._metrics import (
     to_json_metrics,
 )
 from determined_trials.core._tensorboard import ScalarWriter, tag_for
-from determined_trials.core.store._report_buffer import DisplayFields, ReportBuffer
+from determined_trials.core.store import DisplayFields, ReportBuffer
 
 if TYPE_CHECKING:
     from determined_trials.core._distributed import DistributedContext

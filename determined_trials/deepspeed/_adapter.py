@@ -33,9 +33,8 @@ from determined_trials.loop import (
     allgather,
     reduce_across_ranks,
 )
-from determined_trials.pytorch.data._loader import require_opt_out
-from determined_trials.pytorch.data._stream import TrainingStream
-from determined_trials.pytorch.metrics._metrics import TrainingMetrics, ValidationMetrics
+from determined_trials.pytorch.data import TrainingStream, require_opt_out
+from determined_trials.pytorch.metrics import TrainingMetrics, ValidationMetrics
 
 __all__ = ["DeepSpeedAdapter"]
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from determined_trials.loop import HookRunner
-from determined_trials.pytorch.checkpoint._io import capture_rng, restore_rng, write_load_data
+from determined_trials.pytorch.checkpoint import capture_rng, restore_rng, write_load_data
 
 if TYPE_CHECKING:
     from determined_trials.deepspeed._context import DeepSpeedTrialContext

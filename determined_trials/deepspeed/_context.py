@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from determined_trials._trial_context import TrialContext, TrialIdentity
 from determined_trials.deepspeed._mpu import ModelParallelUnit, make_data_parallel_mpu, make_deepspeed_mpu
 from determined_trials.errors import ConfigError
-from determined_trials.pytorch._services import TrialServices
-from determined_trials.pytorch.data._position import TrainPosition
-from determined_trials.pytorch.device._device import default_device
+from determined_trials.pytorch import TrialServices
+from determined_trials.pytorch.data import TrainPosition
+from determined_trials.pytorch.device import default_device
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -7,9 +7,7 @@ import logging
 from collections.abc import Iterator, Sized
 from typing import Any
 
-from determined_trials.pytorch.data._loader import DataLoader
-from determined_trials.pytorch.data._raw import wrap_raw_loader
-from determined_trials.pytorch.data._samplers import data_length
+from determined_trials.pytorch.data import DataLoader, data_length, wrap_raw_loader
 
 __all__ = ["CountingIterator", "training_stream", "validation_loader"]
 

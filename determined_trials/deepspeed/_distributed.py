@@ -16,7 +16,7 @@ import torch
 
 from determined_trials import core
 from determined_trials.deepspeed._logs import quiet_deepspeed_logs
-from determined_trials.pytorch._trainer import _collective_timeout
+from determined_trials.pytorch import collective_timeout
 
 __all__ = ["SHM_COMM_ENV", "start_deepspeed_distributed"]
 
@@ -53,7 +53,7 @@ def start_deepspeed_distributed() -> core.DistributedContext | None:
 
     _skip_shm_op_if_asked()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    timeout = datetime.timedelta(seconds=_collective_timeout())
+    timeout = datetime.timedelta(seconds=collective_timeout())
     size = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if size <= 1 and not dist.is_initialized():
         os.environ.setdefault("LOCAL_RANK", "0")

@@ -8,14 +8,12 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from determined_trials import core
+from determined_trials import core, pytorch
 from determined_trials.deepspeed._adapter import DeepSpeedAdapter
 from determined_trials.deepspeed._context import DeepSpeedTrialContext
 from determined_trials.deepspeed._distributed import start_deepspeed_distributed
 from determined_trials.deepspeed._trial import check_trial_class
-from determined_trials.loop import HookRunner, TrialAdapter
-from determined_trials.loop._fit import experiment_config, open_trial_context
-from determined_trials.pytorch import _trainer
+from determined_trials.loop import HookRunner, TrialAdapter, experiment_config, open_trial_context
 
 __all__ = ["Trainer", "init"]
 
@@ -46,11 +44,11 @@ def init(
         return context
 
     with open_trial_context(make_context, config, distributed, lambda: environment, run_dir,
-                            _trainer.seed_everything) as context:
+                            pytorch.seed_everything) as context:
         yield context
 
 
-class Trainer(_trainer.Trainer):
+class Trainer(pytorch.Trainer):
     """Trains a DeepSpeedTrial: ``Trainer(trial, context).fit(max_length=Epoch(5), ...)`` (the arguments
     of ``det.pytorch.Trainer.fit``)."""
 

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
     import torch
 
     from determined_trials.deepspeed._context import DeepSpeedTrialContext
-    from determined_trials.pytorch._callback import PyTorchCallback
-    from determined_trials.pytorch.metrics._reducer import Reducer
+    from determined_trials.pytorch import PyTorchCallback
+    from determined_trials.pytorch.metrics import Reducer
 
 __all__ = ["DeepSpeedTrial", "check_trial_class"]
 
@@ -50,7 +50,7 @@ class DeepSpeedTrial(abc.ABC):
 
     def evaluation_reducer(self) -> Reducer | dict[str, Reducer]:
         """How ``evaluate_batch`` metrics are reduced: one Reducer, or one per metric name."""
-        from determined_trials.pytorch.metrics._reducer import Reducer
+        from determined_trials.pytorch.metrics import Reducer
 
         return Reducer.AVG
 

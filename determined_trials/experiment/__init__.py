@@ -8,8 +8,18 @@ May import: errors, _info, _compat, _format, config, core.*, loop, _trial_contex
 searcher, pytorch.*, deepspeed, keras, testing, launch, experiment.ray
 """
 
-from determined_trials.core.store._retention import RetentionPolicy, collect_garbage, kept_checkpoints
+from determined_trials.core.store import RetentionPolicy, collect_garbage, kept_checkpoints
+from determined_trials.experiment._control import (
+    CONTINUE_LOG,
+    activate_experiment,
+    kill_experiment,
+    live_owner,
+    pause_experiment,
+)
 from determined_trials.experiment._errors import ExperimentError
+from determined_trials.experiment._executor import TrialHandle, TrialJob
+from determined_trials.experiment._launch import TrialLaunch, trial_command, trial_environment
+from determined_trials.experiment._process import TrialProcess
 from determined_trials.experiment._report import Display, TrialSummary, summarize_trials, trials_table
 from determined_trials.experiment._runner import ExperimentRunner
 from determined_trials.experiment._runner_state import Work
@@ -49,4 +59,15 @@ __all__ = [
     "summarize_trials",
     "trials_table",
     "visible_gpus",
+    "CONTINUE_LOG",
+    "TrialHandle",
+    "TrialJob",
+    "TrialLaunch",
+    "TrialProcess",
+    "activate_experiment",
+    "kill_experiment",
+    "live_owner",
+    "pause_experiment",
+    "trial_command",
+    "trial_environment",
 ]

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from determined_trials.core.store import RunState
-from determined_trials.core.store._local import LocalStore
-from determined_trials.core.store._owner import owner_alive, release_dead_owners
+from determined_trials.core.store import LocalStore, RunState, owner_alive, release_dead_owners
 from determined_trials.experiment._errors import ExperimentError
 from determined_trials.experiment._runner import KILLED_REASON
 

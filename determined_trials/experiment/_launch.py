@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from determined_trials._info import CLUSTER_INFO_ENV, ClusterInfo, TrialInfo
-from determined_trials.config._det_keys import CONFIG_WARNED_ENV
+from determined_trials.config import CONFIG_WARNED_ENV
 from determined_trials.launch import entrypoint_command
 
 __all__ = ["CONFIG_ENV", "LATEST_CHECKPOINT_ENV", "RUN_DIR_ENV", "TrialLaunch", "trial_command", "trial_environment"]

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import signal
 
-from determined_trials.core.store import RunState
-from determined_trials.core.store._checkpoint_recovery import recover_checkpoints
+from determined_trials.core.store import RunState, recover_checkpoints
 from determined_trials.core.trackers import Outcome, settle_trial_runs
 from determined_trials.experiment._reported import metric_from_validations, missing_metric_reason
 from determined_trials.experiment._runner_state import RunnerState, RunningTrial, Work

@@ -34,7 +34,7 @@ class PreflightError(Exception):
 
 def trial_spec_of(entrypoint: str | list[str] | tuple[str, ...] | None) -> tuple[str, str | None] | None:
     """(``--trial`` spec, ``--context-dir`` or None) when the entrypoint runs a trial class, else None."""
-    from determined_trials.launch._args import LEGACY_ENTRYPOINT
+    from determined_trials.launch import LEGACY_ENTRYPOINT
 
     if entrypoint is None:
         return None
@@ -102,7 +102,7 @@ def check_entrypoint(config: Any, model_dir: Path, timeout: float = PREFLIGHT_TI
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         message = lines[-1] if lines else f"exit status {done.returncode}"
         raise PreflightError(f"the config's entrypoint cannot run: {message.removeprefix('error: ')}")
-    from determined_trials.launch._families import family_named
+    from determined_trials.launch import family_named
 
     family = family_named(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "")
     if family is not None and family.needs_global_batch_size and "global_batch_size" not in config.hyperparameters:
@@ -111,8 +111,7 @@ def check_entrypoint(config: Any, model_dir: Path, timeout: float = PREFLIGHT_TI
 
 
 def _main(argv: list[str]) -> int:
-    from determined_trials.launch._families import claimed_family
-    from determined_trials.launch._trial_spec import TrialSpecError, import_trial_class, parse_trial_spec
+    from determined_trials.launch import TrialSpecError, claimed_family, import_trial_class, parse_trial_spec
 
     text, context_dir = argv
     try:

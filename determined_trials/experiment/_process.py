@@ -16,8 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-from determined_trials.launch import FAILED_RANK_LINE
-from determined_trials.launch._procs import die_with_parent
+from determined_trials.launch import FAILED_RANK_LINE, die_with_parent
 
 __all__ = ["TrialProcess"]
 

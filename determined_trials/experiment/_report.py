@@ -8,8 +8,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
-from determined_trials.core.store._local import LocalStore, Trial
-from determined_trials.core.store._retention import checkpoint_scores
+from determined_trials.core.store import LocalStore, Trial, checkpoint_scores
 
 __all__ = ["Display", "TrialSummary", "summarize_trials", "trials_table"]
 

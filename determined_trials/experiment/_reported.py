@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from determined_trials.config import AdaptiveASHASearcher
-from determined_trials.core.store._local import LocalStore
+from determined_trials.core.store import LocalStore
 
 __all__ = ["expects_operations", "metric_from_validations", "missing_metric_reason"]
 

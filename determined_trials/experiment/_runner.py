@@ -12,9 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 
-from determined_trials.core.store import RunState
-from determined_trials.core.store._checkpoint_recovery import recover_checkpoints
-from determined_trials.core.store._owner import claim_experiment
+from determined_trials.core.store import RunState, claim_experiment, recover_checkpoints
 from determined_trials.experiment._executor import TrialJob
 from determined_trials.experiment._launch import TrialLaunch
 from determined_trials.experiment._outcomes import TrialOutcomes

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from determined_trials.core.storage import storage_from_spec
-from determined_trials.core.store._local import LocalStore
-from determined_trials.core.store._retention import RetentionPolicy, collect_garbage
+from determined_trials.core.store import LocalStore, RetentionPolicy, collect_garbage
 from determined_trials.experiment._executor import LocalExecutor, TrialExecutor, TrialHandle
 from determined_trials.experiment._report import Display
 from determined_trials.experiment._tracebacks import TracebackCondenser

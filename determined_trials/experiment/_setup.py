@@ -16,11 +16,9 @@ from typing import Any
 import yaml
 
 from determined_trials.config import ConfigWarning, ExperimentConfig, load_config
-from determined_trials.core._context import resolve_run_dir
+from determined_trials.core import resolve_run_dir
 from determined_trials.core.storage import StorageError, storage_from_spec
-from determined_trials.core.store import RunState
-from determined_trials.core.store._local import LocalStore
-from determined_trials.core.store._owner import release_dead_owners
+from determined_trials.core.store import LocalStore, RunState, release_dead_owners
 from determined_trials.core.trackers import check_trackers
 from determined_trials.errors import ConfigError
 from determined_trials.experiment._errors import ExperimentError
@@ -214,7 +212,7 @@ def _placement(ray: str | None, store: LocalStore, model_dir: Path, config_path:
     """Where trials run: this machine's processes and GPUs, or a Ray cluster (ray imported only then)."""
     if ray is None:
         return {"max_parallel": parallelism(config, max_parallel), "gpus": visible_gpus()}
-    from determined_trials.experiment.ray._executor import ray_runner_options
+    from determined_trials.experiment.ray import ray_runner_options
 
     return ray_runner_options(ray, store=store, model_dir=model_dir, config_path=config_path, config=config,
                               max_parallel=max_parallel)

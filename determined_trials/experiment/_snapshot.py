@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pathspec
 
-from determined_trials.core.store._local import STORE_FILENAME
+from determined_trials.core.store import STORE_FILENAME
 
 __all__ = ["DEFAULT_MAX_CONTEXT_BYTES", "DETIGNORE", "ContextTooLargeError", "context_files", "snapshot_context"]
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from determined_trials.keras._backend import require_tensorflow_backend
-from determined_trials.loop._data_order import (
+from determined_trials.loop import (
     epoch_permutation,
     global_epoch_len,
     rank_bounds,

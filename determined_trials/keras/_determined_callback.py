@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from determined_trials.core._progress import trial_progress
+from determined_trials.core import trial_progress
 from determined_trials.keras._backend import require_tensorflow_backend
 
 __all__ = ["DeterminedCallback"]

@@ -16,11 +16,10 @@ from determined_trials.keras._adapter import KerasAdapter
 from determined_trials.keras._backend import require_tensorflow_backend
 from determined_trials.keras._context import TFKerasTrialContext
 from determined_trials.keras._trial import check_trial_class
-from determined_trials.loop import HookRunner, TrialAdapter
-from determined_trials.loop._fit import TrainerFront, experiment_config, open_trial_context
+from determined_trials.loop import HookRunner, TrainerFront, TrialAdapter, experiment_config, open_trial_context
 
 if TYPE_CHECKING:
-    from determined_trials.config._searcher import SearcherConfig
+    from determined_trials.config import SearcherConfig
 
 __all__ = ["Trainer", "init"]
 

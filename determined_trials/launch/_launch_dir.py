@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from determined_trials.core._context import LAUNCH_DIR_ENV, PREEMPTED_MARKER
+from determined_trials.core import LAUNCH_DIR_ENV, PREEMPTED_MARKER
 from determined_trials.errors import PREEMPTED_EXIT_CODE
 
 __all__ = [

@@ -152,13 +152,12 @@ def _load_experiment_config(path: str | None) -> Any:
 
 def resolve_latest_checkpoint(value: str | None) -> str | None:
     """A checkpoint uuid: ``value``, with 'latest' meaning the newest checkpoint in the run folder."""
-    from determined_trials.core._resume import LATEST, resolve_latest
+    from determined_trials.core import LATEST, resolve_latest
 
     if value != LATEST:
         return value or None
     from determined_trials._info import get_cluster_info
-    from determined_trials.core import LocalStore
-    from determined_trials.core._context import resolve_run_dir
+    from determined_trials.core import LocalStore, resolve_run_dir
 
     store = LocalStore(resolve_run_dir(None, get_cluster_info()))
     try:

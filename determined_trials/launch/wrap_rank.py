@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-from determined_trials.core.transport._addresses import WRAP_RANK_PARENT_ENV, WRAP_RANK_PID_ENV
+from determined_trials.core.transport import WRAP_RANK_PARENT_ENV, WRAP_RANK_PID_ENV
 from determined_trials.launch._launch_dir import RankResult, launch_dir, write_pid, write_result
 from determined_trials.launch._lines import LinePump, RecentLines
 from determined_trials.launch._procs import die_with_parent, exit_code

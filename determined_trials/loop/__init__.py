@@ -15,7 +15,17 @@ from determined_trials.loop._controller import (
     ExitReason,
     LoopSettings,
 )
+from determined_trials.loop._data_order import (
+    derive_seed_words,
+    epoch_permutation,
+    global_epoch_len,
+    rank_bounds,
+    validate_layout,
+    warn_if_short_of_one_batch,
+    worker_seed_words,
+)
 from determined_trials.loop._epochs import EpochCursor
+from determined_trials.loop._fit import TrainerFront, experiment_config, open_trial_context
 from determined_trials.loop._hooks import HookRunner
 from determined_trials.loop._progress import Progress, progress_enabled, summary_line
 from determined_trials.loop._ranks import allgather, reduce_across_ranks
@@ -57,4 +67,14 @@ __all__ = [
     "reduce_across_ranks",
     "summary_line",
     "unit_from_length",
+    "TrainerFront",
+    "derive_seed_words",
+    "epoch_permutation",
+    "experiment_config",
+    "global_epoch_len",
+    "open_trial_context",
+    "rank_bounds",
+    "validate_layout",
+    "warn_if_short_of_one_batch",
+    "worker_seed_words",
 ]

@@ -13,8 +13,7 @@ from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from determined_trials.core._checkpoint_helpers import read_json_file
-from determined_trials.core._progress import trial_progress
+from determined_trials.core import read_json_file, trial_progress
 from determined_trials.loop._adapter import DataShape, TrialAdapter
 from determined_trials.loop._checkpointing import CHECKPOINT_FORMAT, TRIAL_STATE_FILE, Checkpointer
 from determined_trials.loop._hooks import HookRunner

@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from determined_trials import core
 from determined_trials._info import get_cluster_info
-from determined_trials.config import ExperimentConfig, load_config
-from determined_trials.config._searcher import default_searcher
-from determined_trials.core.store._retention import collect_bare_trial_garbage
+from determined_trials.config import ExperimentConfig, default_searcher, load_config
+from determined_trials.core.store import collect_bare_trial_garbage
 from determined_trials.loop._adapter import TrialAdapter
 from determined_trials.loop._controller import Controller, ExitReason, LoopSettings
 from determined_trials.loop._hooks import HookRunner
@@ -22,7 +21,7 @@ from determined_trials.loop._resume import interrupt_stops_training, resolve_res
 from determined_trials.loop._units import Batch, TrainUnit
 
 if TYPE_CHECKING:
-    from determined_trials.config._searcher import SearcherConfig
+    from determined_trials.config import SearcherConfig
 
 __all__ = ["TrainerFront", "experiment_config", "open_trial_context"]
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from determined_trials.core._distributed import DistributedContext
+    from determined_trials.core import DistributedContext
 
 __all__ = ["allgather", "reduce_across_ranks"]
 

@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from determined_trials._info import get_cluster_info
-from determined_trials.core._context import LAUNCH_DIR_ENV
-from determined_trials.core._resume import LATEST, continue_bare_run
+from determined_trials.core import LATEST, LAUNCH_DIR_ENV, continue_bare_run
 from determined_trials.errors import TrainingInterrupted
 
 if TYPE_CHECKING:

@@ -17,11 +17,12 @@ from determined_trials.pytorch._callback import PyTorchCallback
 from determined_trials.pytorch._compat import TorchData, adapt_batch_sampler, to_device
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._load import CheckpointLoadContext, load_trial_from_checkpoint_path
-from determined_trials.pytorch._trainer import Trainer, init
+from determined_trials.pytorch._services import TrialServices
+from determined_trials.pytorch._trainer import Trainer, collective_timeout, init, seed_everything
 from determined_trials.pytorch._trial import PyTorchTrial
-from determined_trials.pytorch.data._loader import DataLoader
-from determined_trials.pytorch.metrics._reducer import MetricReducer, Reducer
-from determined_trials.pytorch.optim._lr_scheduler import LRScheduler
+from determined_trials.pytorch.data import DataLoader
+from determined_trials.pytorch.metrics import MetricReducer, Reducer
+from determined_trials.pytorch.optim import LRScheduler
 from determined_trials.pytorch.samplers import data_length
 
 __all__ = [
@@ -45,6 +46,10 @@ __all__ = [
     "load_trial_from_checkpoint_path",
     "samplers",
     "to_device",
+    # what the other packages of determined_trials use (not Determined's API):
+    "TrialServices",
+    "collective_timeout",
+    "seed_everything",
 ]
 
 

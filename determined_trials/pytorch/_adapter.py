@@ -28,7 +28,8 @@ from determined_trials.pytorch._batch_loop import CPU, BatchLoop, cpu_tensors
 from determined_trials.pytorch._callback import overrides_hook
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._trial import PyTorchTrial, evaluate_takes_batch_idx
-from determined_trials.pytorch.checkpoint._io import (
+from determined_trials.pytorch.checkpoint import (
+    HostBuffers,
     capture_rng,
     large_state_template,
     load_trial_state,
@@ -37,12 +38,18 @@ from determined_trials.pytorch.checkpoint._io import (
     state_nbytes,
     write_trial_state,
 )
-from determined_trials.pytorch.checkpoint._snapshot import HostBuffers
-from determined_trials.pytorch.data._iterable import STREAM_POSITIONS, StreamOfPasses, StreamPositions, in_step
-from determined_trials.pytorch.data._loader import DataLoader, require_opt_out
-from determined_trials.pytorch.data._raw import is_reproducible_loader, wrap_raw_loader
-from determined_trials.pytorch.metrics._metrics import TrainingMetrics, ValidationMetrics
-from determined_trials.pytorch.parallel._fsdp import check_model_mix, is_dcp_checkpoint, is_fsdp
+from determined_trials.pytorch.data import (
+    STREAM_POSITIONS,
+    DataLoader,
+    StreamOfPasses,
+    StreamPositions,
+    in_step,
+    is_reproducible_loader,
+    require_opt_out,
+    wrap_raw_loader,
+)
+from determined_trials.pytorch.metrics import TrainingMetrics, ValidationMetrics
+from determined_trials.pytorch.parallel import check_model_mix, is_dcp_checkpoint, is_fsdp
 
 __all__ = ["PyTorchAdapter"]
 
@@ -84,9 +91,11 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
     def load(self, path: Path) -> None:
         self._hooks.callbacks[STREAM_POSITIONS] = self._positions  # picks a stream's position up, if saved
         if self._sharded or is_dcp_checkpoint(path):
-            from determined_trials.pytorch.checkpoint import _dcp  # torch.distributed.checkpoint: only when used
+            from determined_trials.pytorch.checkpoint import (
+                load_sharded_state,  # torch.distributed.checkpoint: only when used
+            )
 
-            _dcp.load_sharded_state(path, self._context, self._hooks)
+            load_sharded_state(path, self._context, self._hooks)
         else:
             load_trial_state(path, self._context, self._hooks)
 
@@ -117,9 +126,9 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
         else:
             self._hooks.callbacks.pop(STREAM_POSITIONS, None)
         if self._sharded and size > 1:  # made once here, not in the first checkpoint's time
-            from determined_trials.pytorch.checkpoint import _dcp
+            from determined_trials.pytorch.checkpoint import checkpoint_group
 
-            _dcp.checkpoint_group()
+            checkpoint_group()
         self._context.reducers.reset(True)
         self._train_metrics.reset()
         return DataShape(self._epoch_len, global_batch)
@@ -191,9 +200,9 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
 
     def save(self, path: Path) -> None:
         if self._sharded:
-            from determined_trials.pytorch.checkpoint import _dcp
+            from determined_trials.pytorch.checkpoint import save_sharded_state
 
-            _dcp.save_sharded_state(path, self._trial, self._context, self._hooks)
+            save_sharded_state(path, self._trial, self._context, self._hooks)
         elif self._host_buffers.pinned:  # the last checkpoint of a GPU state: pinned copies beat torch.save's
             save_trial_state(path, self._trial, self._context, self._hooks, self.snapshot())
         else:
@@ -202,10 +211,10 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
     def start_sharded_save(self, path: Path) -> concurrent.futures.Future[Any]:
         """On every rank (FSDP2): start writing this rank's shard into ``path`` in the background
         (``dcp.async_save``); returns a future the loop waits for before it publishes the checkpoint."""
-        from determined_trials.pytorch.checkpoint import _dcp
+        from determined_trials.pytorch.checkpoint import checkpoint_group, start_sharded_save
 
-        group = _dcp.checkpoint_group() if self._dist.get_size() > 1 else None
-        return _dcp.start_sharded_save(path, self._trial, self._context, self._hooks, group,
+        group = checkpoint_group() if self._dist.get_size() > 1 else None
+        return start_sharded_save(path, self._trial, self._context, self._hooks, group,
                                        lambda ok: all(allgather(self._dist, ok)))
 
     @property

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from determined_trials.loop import EpochCursor, TrialState
-from determined_trials.pytorch.data._stream import TrainingStream
-from determined_trials.pytorch.metrics._metrics import TrainingMetrics
+from determined_trials.pytorch.data import TrainingStream
+from determined_trials.pytorch.metrics import TrainingMetrics
 
 if TYPE_CHECKING:
     from determined_trials.pytorch._context import PyTorchTrialContext

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from determined_trials.pytorch import samplers
-from determined_trials.pytorch.device._device import to_device as _to_device
+from determined_trials.pytorch.device import to_device as _to_device
 
 __all__ = ["TorchData", "adapt_batch_sampler", "to_device"]
 

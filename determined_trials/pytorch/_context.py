@@ -14,12 +14,26 @@ from determined_trials.config import ExperimentConfig
 from determined_trials.errors import ConfigError
 from determined_trials.pytorch._experimental import PyTorchExperimentalContext
 from determined_trials.pytorch._services import TrialServices
-from determined_trials.pytorch.data._position import TrainPosition
-from determined_trials.pytorch.device import _amp
-from determined_trials.pytorch.device._device import default_device
-from determined_trials.pytorch.optim import _stepping
-from determined_trials.pytorch.optim._lr_scheduler import LRScheduler
-from determined_trials.pytorch.parallel import _ddp, _fsdp
+from determined_trials.pytorch.data import TrainPosition
+from determined_trials.pytorch.device import (
+    default_autocast_dtype,
+    default_device,
+    install_autocast_forward,
+    make_autocast,
+    needs_scaler,
+)
+from determined_trials.pytorch.optim import LRScheduler, check_params_wrapped
+from determined_trials.pytorch.optim import step_optimizer as run_optimizer_step
+from determined_trials.pytorch.parallel import (
+    check_fsdp_model,
+    check_model_mix,
+    plain_module,
+    set_fsdp_grad_sync,
+    set_grad_sync,
+    torch_distributed_ready,
+    unwrap,
+    wrap_ddp,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -79,25 +93,25 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         """
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"wrap_model takes a torch.nn.Module, got {type(model).__qualname__}")
-        if any(model is m or model is _ddp.unwrap(m) for m in self.models):
+        if any(model is m or model is unwrap(m) for m in self.models):
             raise ValueError("this model is already wrapped; call wrap_model once per model")
-        fsdp = _fsdp.check_fsdp_model(model)
-        _fsdp.check_model_mix([*self.models, model], self.distributed.get_size())
+        fsdp = check_fsdp_model(model)
+        check_model_mix([*self.models, model], self.distributed.get_size())
         if not fsdp:  # an FSDP2 model stays where fully_shard put its shards
             model = model.to(self._device)
         if self._amp_dtype is not None:
-            _amp.install_autocast_forward(model, self._device, self._amp_dtype)
+            install_autocast_forward(model, self._device, self._amp_dtype)
         wrapped: torch.nn.Module = model
         trainable = any(p.requires_grad for p in model.parameters())
         if self.distributed.get_size() > 1 and trainable and not fsdp:
-            if not _ddp.torch_distributed_ready():
+            if not torch_distributed_ready():
                 raise RuntimeError(
                     f"the job has {self.distributed.get_size()} processes but torch.distributed is not "
                     "initialised, so gradients would not be synchronised. Fix: launch with "
                     "`python -m determined_trials.launch.torch_distributed`, or call "
                     "torch.distributed.init_process_group() before det.pytorch.init()"
                 )
-            wrapped = _ddp.wrap_ddp(model, self._device)
+            wrapped = wrap_ddp(model, self._device)
         self.models.append(wrapped)
         return wrapped  # type: ignore[return-value]  # a DDPModel that forwards to the model
 
@@ -123,7 +137,7 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
             raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
         if fp16_compression:
             logger.warning("wrap_optimizer(fp16_compression=True) is a Horovod setting; ignored with DDP")
-        _stepping.check_params_wrapped(optimizer, self.models)
+        check_params_wrapped(optimizer, self.models)
         average = self.config.optimizations.average_aggregated_gradients
         if average_aggregated_gradients is not None:
             average = bool(average_aggregated_gradients)
@@ -181,7 +195,7 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         if self._auto_scaler is not None:
             loss = self._auto_scaler.scale(loss)
         if self._restore_grads is not None:
-            from determined_trials.pytorch.parallel._fsdp_grads import apply_restored_grads
+            from determined_trials.pytorch.parallel import apply_restored_grads
 
             apply_restored_grads(self._restore_grads)
             self._restore_grads = None
@@ -221,7 +235,7 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         if not self._is_update_batch():
             return
         use_scaler = scaler if scaler is not None else self._auto_scaler
-        _stepping.step_optimizer(
+        run_optimizer_step(
             optimizer, aggregation=self._aggregation_frequency, average=self._average_grads[id(optimizer)],
             clip_grads=clip_grads, scaler=use_scaler, auto_zero_grads=auto_zero_grads,
         )
@@ -245,8 +259,8 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         self._optimizer_stepped_this_batch = False
         if self._aggregation_frequency > 1:
             sync = self._is_update_batch()
-            _ddp.set_grad_sync(self.models, sync)
-            _fsdp.set_fsdp_grad_sync(self.models, sync)
+            set_grad_sync(self.models, sync)
+            set_fsdp_grad_sync(self.models, sync)
 
     def _start_known_batch(self, batch_idx: int, epoch_len: int) -> None:
         """``_start_batch`` when the epoch length is known (the common case, without keyword arguments)."""
@@ -254,8 +268,8 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         self._optimizer_stepped_this_batch = False
         if self._aggregation_frequency > 1:
             sync = self._is_update_batch()
-            _ddp.set_grad_sync(self.models, sync)
-            _fsdp.set_fsdp_grad_sync(self.models, sync)
+            set_grad_sync(self.models, sync)
+            set_fsdp_grad_sync(self.models, sync)
 
     def _end_batch(self) -> None:
         """Trainer hook, after each training batch: update the automatic AMP scaler if it stepped."""
@@ -269,16 +283,16 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         """`torch.autocast` on this device: float16 on CUDA, bfloat16 on the CPU, unless `dtype`.
 
         float16 gradients need a scaler (`wrap_scaler`); `experimental.use_amp()` manages one."""
-        return _amp.make_autocast(self._device, dtype, enabled)
+        return make_autocast(self._device, dtype, enabled)
 
     def _use_amp(self, dtype: torch.dtype | None) -> None:
-        chosen = _amp.default_autocast_dtype(self._device) if dtype is None else dtype
-        _amp.make_autocast(self._device, chosen, True)  # validates the dtype
+        chosen = default_autocast_dtype(self._device) if dtype is None else dtype
+        make_autocast(self._device, chosen, True)  # validates the dtype
         if self._amp_dtype is not None:
             if chosen != self._amp_dtype:
                 raise ValueError(f"use_amp() was already called with {self._amp_dtype}; call it once")
             return
-        if _amp.needs_scaler(chosen):
+        if needs_scaler(chosen):
             if self.scalers:
                 raise ValueError(
                     "use_amp() creates and manages its own GradScaler but one was wrapped with wrap_scaler; "
@@ -288,13 +302,13 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
             self.scalers.append(self._auto_scaler)
         self._amp_dtype = chosen
         for model in self.models:
-            _amp.install_autocast_forward(_ddp.unwrap(model), self._device, chosen)
+            install_autocast_forward(unwrap(model), self._device, chosen)
 
     # -- trainer state, TensorBoard, profiler ---------------------------------------------------
 
     def _inner_models(self) -> list[torch.nn.Module]:
         """The user's modules (DDP and torch.compile wrappers removed), e.g. for state dicts with plain keys."""
-        return [_ddp.plain_module(model) for model in self.models]
+        return [plain_module(model) for model in self.models]
 
 
 def _resolve_aggregation(argument: int, config: ExperimentConfig) -> int:

@@ -13,12 +13,12 @@ from typing import Any
 
 from determined_trials._compat import import_from_path, import_qualname
 from determined_trials.config import ConfigWarning, ExperimentConfig, load_config
-from determined_trials.core._checkpoint_helpers import read_json_file
+from determined_trials.core import read_json_file
 from determined_trials.errors import ConfigError
 from determined_trials.pytorch._context import PyTorchTrialContext
 from determined_trials.pytorch._trial import PyTorchTrial
-from determined_trials.pytorch.checkpoint._io import LOAD_DATA_FILE, load_models, read_state_file
-from determined_trials.pytorch.parallel._fsdp import is_dcp_checkpoint
+from determined_trials.pytorch.checkpoint import LOAD_DATA_FILE, load_models, read_state_file
+from determined_trials.pytorch.parallel import is_dcp_checkpoint
 
 __all__ = ["CheckpointLoadContext", "load_trial_from_checkpoint_path"]
 
@@ -80,7 +80,7 @@ def load_trial_from_checkpoint_path(
     context = CheckpointLoadContext(hparams, load_data.get("experiment_config"), device=device)
     trial = cls(context, **dict(trial_kwargs or {}))
     if is_dcp_checkpoint(folder):  # an FSDP2 trial's shards, read into this process's (unsharded) models
-        from determined_trials.pytorch.checkpoint._dcp import load_dcp_models
+        from determined_trials.pytorch.checkpoint import load_dcp_models
 
         load_dcp_models(folder, context.models)
         return trial

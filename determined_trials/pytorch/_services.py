@@ -14,12 +14,11 @@ import torch
 
 from determined_trials.loop import allgather
 from determined_trials.pytorch._tensorboard import make_profiler, make_summary_writer
-from determined_trials.pytorch.device._device import to_device
-from determined_trials.pytorch.metrics._reducer import MetricReducer, ReducerRegistry
+from determined_trials.pytorch.device import to_device
+from determined_trials.pytorch.metrics import MetricReducer, ReducerRegistry
 
 if TYPE_CHECKING:
-    from determined_trials.core import Context
-    from determined_trials.core._distributed import DistributedContext
+    from determined_trials.core import Context, DistributedContext
 
 __all__ = ["TrialServices"]
 

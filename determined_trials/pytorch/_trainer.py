@@ -15,8 +15,7 @@ import torch
 
 from determined_trials import core
 from determined_trials.errors import CollectiveError
-from determined_trials.loop import HookRunner, TrialAdapter
-from determined_trials.loop._fit import TrainerFront, experiment_config, open_trial_context
+from determined_trials.loop import HookRunner, TrainerFront, TrialAdapter, experiment_config, open_trial_context
 from determined_trials.pytorch._adapter import PyTorchAdapter
 from determined_trials.pytorch._callback import overrides_hook
 from determined_trials.pytorch._context import PyTorchTrialContext
@@ -43,12 +42,12 @@ def _distributed_from_environment() -> core.DistributedContext | None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=_collective_timeout())
+        timeout = datetime.timedelta(seconds=collective_timeout())
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
     return core.DistributedContext.from_torch_distributed()
 
 
-def _collective_timeout() -> float:
+def collective_timeout() -> float:
     raw = os.environ.get("DET_COLLECTIVE_TIMEOUT", "1800")
     try:
         seconds = float(raw)

@@ -11,8 +11,8 @@ if TYPE_CHECKING:
 
     from determined_trials.pytorch._callback import PyTorchCallback
     from determined_trials.pytorch._context import PyTorchTrialContext
-    from determined_trials.pytorch.data._loader import DataLoader
-    from determined_trials.pytorch.metrics._reducer import Reducer
+    from determined_trials.pytorch.data import DataLoader
+    from determined_trials.pytorch.metrics import Reducer
 
 __all__ = ["PyTorchTrial", "check_trial_class", "evaluate_takes_batch_idx"]
 
@@ -51,13 +51,13 @@ class PyTorchTrial(abc.ABC):
 
     def evaluation_reducer(self) -> Reducer | dict[str, Reducer]:
         """How ``evaluate_batch`` metrics are reduced: one Reducer, or one per metric name."""
-        from determined_trials.pytorch.metrics._reducer import Reducer
+        from determined_trials.pytorch.metrics import Reducer
 
         return Reducer.AVG
 
     def get_batch_length(self, batch: Any) -> int:
         """The number of records in ``batch`` (used for Record units and AVG weighting)."""
-        from determined_trials.pytorch.data._samplers import data_length
+        from determined_trials.pytorch.data import data_length
 
         return data_length(batch)
 

@@ -1,6 +1,27 @@
 """``det.pytorch.samplers``: the public home of the data chain's samplers (they live in ``pytorch/data/``)."""
 
-from determined_trials.pytorch.data import _samplers
-from determined_trials.pytorch.data._samplers import *  # noqa: F403  (the public names, listed once there)
+from determined_trials.pytorch.data import (
+    DistributedBatchSampler,
+    DistributedSampler,
+    RepeatBatchSampler,
+    RepeatSampler,
+    ReproducibleShuffleBatchSampler,
+    ReproducibleShuffleSampler,
+    SkipBatchSampler,
+    SkipSampler,
+    data_length,
+    get_batch_length,
+)
 
-__all__ = list(_samplers.__all__)
+__all__ = [
+    "DistributedBatchSampler",
+    "DistributedSampler",
+    "RepeatBatchSampler",
+    "RepeatSampler",
+    "ReproducibleShuffleBatchSampler",
+    "ReproducibleShuffleSampler",
+    "SkipBatchSampler",
+    "SkipSampler",
+    "data_length",
+    "get_batch_length",
+]

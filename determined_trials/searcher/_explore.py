@@ -16,8 +16,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from determined_trials.config import DoubleHP, IntHP, LogHP
-from determined_trials.config._hparams import _leaves, _sample_one, parse_space
+from determined_trials.config import DoubleHP, IntHP, LogHP, hparam_leaves, parse_space, sample_hparam
 
 __all__ = ["explore_hparams"]
 
@@ -60,9 +59,9 @@ def explore_hparams(
     one draw per hyperparameter, and a second one for each that is not resampled."""
     parsed = parse_space(space)
     child = copy.deepcopy(dict(parent))
-    for route, spec in sorted(_leaves(parsed), key=lambda leaf: ".".join(leaf[0])):
+    for route, spec in sorted(hparam_leaves(parsed), key=lambda leaf: ".".join(leaf[0])):
         if rng.random() < resample_probability:
-            _set(child, route, _sample_one(spec, rng))
+            _set(child, route, sample_hparam(spec, rng))
         else:
             decrease = rng.random() < 0.5
             _set(child, route, _perturb(spec, _get(parent, route), decrease, perturb_factor))

@@ -152,7 +152,7 @@ def _child_main(fn: Callable[..., Any], args: tuple[Any, ...], layout: tuple[int
                 force_tcp: bool, env: dict[str, str], conn: multiprocessing.connection.Connection) -> None:
     """Body of each rank's process: build the context, run ``fn``, report the outcome."""
     os.environ.update(env)
-    from determined_trials.core._distributed import DistributedContext
+    from determined_trials.core import DistributedContext
 
     rank, size, local_rank, local_size, cross_rank, cross_size = layout
     try:

@@ -17,9 +17,8 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from determined_trials.core.store._local import LocalStore, NotFoundError
-from determined_trials.experiment._control import activate_experiment, kill_experiment, pause_experiment
-from determined_trials.experiment._errors import ExperimentError
+from determined_trials.core.store import LocalStore, NotFoundError
+from determined_trials.experiment import ExperimentError, activate_experiment, kill_experiment, pause_experiment
 from determined_trials.ui import _data
 from determined_trials.ui._auth import TokenGate
 from determined_trials.ui._search import search_view

@@ -13,10 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from determined_trials.core._progress import experiment_progress, planned_trials
-from determined_trials.core.store import RunState
-from determined_trials.core.store._local import CheckpointRecord, Experiment, LocalStore, Trial
-from determined_trials.core.store._owner import owner_alive
+from determined_trials.core import experiment_progress, planned_trials
+from determined_trials.core.store import CheckpointRecord, Experiment, LocalStore, RunState, Trial, owner_alive
 from determined_trials.ui._downsample import keep_indices
 from determined_trials.ui._importances import param_importances
 

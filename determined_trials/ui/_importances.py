@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from determined_trials.core.store._local import Experiment
+from determined_trials.core.store import Experiment
 
 __all__ = ["param_importances"]
 

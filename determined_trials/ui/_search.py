@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from determined_trials.core.store._local import LocalStore, Trial
+from determined_trials.core.store import LocalStore, Trial
 from determined_trials.ui._data import clean
 
 __all__ = ["search_view"]

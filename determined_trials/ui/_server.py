@@ -12,7 +12,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from determined_trials.core.store._local import LocalStore
+from determined_trials.core.store import LocalStore
 
 __all__ = ["MIN_TOKEN_LENGTH", "TOKEN_FILE", "check_token", "is_loopback", "listening_socket", "load_or_create_token",
            "serve"]

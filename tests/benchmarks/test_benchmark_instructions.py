@@ -12,8 +12,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from helpers_group_run import run_in_group
-from helpers_paths import REPO
+from support.helpers_group_run import run_in_group
+from support.helpers_paths import REPO
 
 SCRIPT = REPO / "benchmarks" / "instructions.py"
 

@@ -13,9 +13,9 @@ from types import ModuleType
 
 import pytest
 import torch
-from helpers_device_check import DeviceMixError, SameDevice, on_the_meta_device
-from helpers_group_run import run_in_group
-from helpers_paths import REPO
+from support.helpers_device_check import DeviceMixError, SameDevice, on_the_meta_device
+from support.helpers_group_run import run_in_group
+from support.helpers_paths import REPO
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
 

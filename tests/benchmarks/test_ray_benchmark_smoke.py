@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers_paths import REPO
+from support.helpers_paths import REPO
 
 pytest.importorskip("ray")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from helpers_paths import REPO
+from support.helpers_paths import REPO
 
 pytestmark = pytest.mark.usefixtures("cpu_device")
 

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers_experiment import DET_TRIALS, create, make_context, start_runner
+from support.helpers_experiment import DET_TRIALS, create, make_context, start_runner
 
 from determined_trials import __version__
 from determined_trials.cli.main import main

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from helpers_paths import REPO
+from support.helpers_paths import REPO
 
 from determined_trials.config import AdaptiveASHASearcher, ExperimentConfig
 from determined_trials.config._reference import render_reference

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_ckpt import Recorder, failure, make_tree, read_tree, start_worker
+from support.helpers_ckpt import Recorder, failure, make_tree, read_tree, start_worker
 
 from determined_trials.core import CheckpointContext, DownloadMode
 from determined_trials.core._distributed import dummy_distributed

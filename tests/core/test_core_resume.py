@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers_paths import REPO
+from support.helpers_paths import REPO
 
 import determined_trials as det
 

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers_paths import SUPPORT
+from support.helpers_paths import SUPPORT
 
 import determined_trials as det
 

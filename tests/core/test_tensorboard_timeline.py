@@ -7,7 +7,7 @@ import socket
 import time
 from pathlib import Path
 
-from helpers_tensorboard import tensorboard_points
+from support.helpers_tensorboard import tensorboard_points
 
 from determined_trials.core._tensorboard import ScalarWriter
 

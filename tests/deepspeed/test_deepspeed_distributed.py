@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers_paths import SUPPORT
+from support.helpers_paths import SUPPORT
 from trials_deepspeed import VALIDATION_RECORDS, plain_loop
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers_experiment import create
-from helpers_paths import REPO
+from support.helpers_experiment import create
+from support.helpers_paths import REPO
 
 from determined_trials.core import LocalStore
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_paths import SUPPORT
+from support.helpers_paths import SUPPORT
 
 WORKER = SUPPORT / "worker_deepspeed_resume.py"
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers_paths import REPO
+from support.helpers_paths import REPO
 from torch import nn
 from trials_pytorch import LINEAR_XS, LinearTrial, config, fit
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers_det038_checkpoint import FULL_038_CONFIG, TRIAL_SPEC, tiny_model, write_038_checkpoint
+from support.helpers_det038_checkpoint import FULL_038_CONFIG, TRIAL_SPEC, tiny_model, write_038_checkpoint
 from trials_pytorch import config, fit
 
 from determined_trials import pytorch

@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers_experiment import create
-from helpers_paths import SUPPORT
+from support.helpers_experiment import create
+from support.helpers_paths import SUPPORT
 
 import determined_trials as det
 from determined_trials import pytorch

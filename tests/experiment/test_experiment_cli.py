@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers_experiment import create, make_context
+from support.helpers_experiment import create, make_context
 
 from determined_trials.cli._tensorboard import tensorboard_command
 from determined_trials.cli.main import main

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers_experiment import make_context, start_runner
+from support.helpers_experiment import make_context, start_runner
 
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore

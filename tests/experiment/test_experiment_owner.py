@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers_experiment import kill_runner, make_context, start_runner
+from support.helpers_experiment import kill_runner, make_context, start_runner
 
 from determined_trials.cli.main import main
 from determined_trials.config import load_config

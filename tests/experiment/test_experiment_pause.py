@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers_experiment import DET_TRIALS, create, final_states, make_context
+from support.helpers_experiment import DET_TRIALS, create, final_states, make_context
 
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore

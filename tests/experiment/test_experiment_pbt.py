@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers_experiment import create, make_context
+from support.helpers_experiment import create, make_context
 
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore

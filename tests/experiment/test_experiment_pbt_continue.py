@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_experiment import DET_TRIALS, kill_runner, make_context
+from support.helpers_experiment import DET_TRIALS, kill_runner, make_context
 
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers_experiment import create, make_context
+from support.helpers_experiment import create, make_context
 
 from determined_trials.core import LocalStore
 from determined_trials.experiment import ExperimentError, create_experiment

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers_experiment import create, final_states, make_context
+from support.helpers_experiment import create, final_states, make_context
 
 from determined_trials.core import LocalStore
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from helpers_experiment import create
+from support.helpers_experiment import create
 
 from determined_trials.core import LocalStore
 from determined_trials.core.store import RunState

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers_experiment import create, make_context
-from helpers_tensorboard import tensorboard_points
+from support.helpers_experiment import create, make_context
+from support.helpers_tensorboard import tensorboard_points
 
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers_experiment import create
+from support.helpers_experiment import create
 
 from determined_trials.core import LocalStore
 

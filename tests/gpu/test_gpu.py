@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import torch
-from helpers_group_run import run_in_group
-from helpers_paths import REPO
+from support.helpers_group_run import run_in_group
+from support.helpers_paths import REPO
 from trials_pytorch import ResumeTrial, config, fit
 
 from determined_trials import pytorch

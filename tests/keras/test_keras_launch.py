@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers_launch import Launch, launches_fixture  # noqa: F401 (the launches fixture)
-from helpers_paths import REPO, SUPPORT
+from support.helpers_launch import Launch, launches_fixture  # noqa: F401 (the launches fixture)
+from support.helpers_paths import REPO, SUPPORT
 
 h5py = pytest.importorskip("h5py")
 pytestmark = pytest.mark.slow

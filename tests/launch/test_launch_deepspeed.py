@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers_launch import Launch, assert_nothing_left, launches_fixture  # noqa: F401 (the launches fixture)
-from helpers_paths import SUPPORT
+from support.helpers_launch import Launch, assert_nothing_left, launches_fixture  # noqa: F401 (the launches fixture)
+from support.helpers_paths import SUPPORT
 from trials_deepspeed import make_model, plain_loop
 
 import determined_trials as det

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers_launch import BATCH_LINE, DATA, TRIAL, tiny_config, validation_losses
+from support.helpers_launch import BATCH_LINE, DATA, TRIAL, tiny_config, validation_losses
 
 from determined_trials.launch._procs import free_port
 

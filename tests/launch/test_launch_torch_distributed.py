@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers_launch import (
+from support.helpers_launch import (
     DATA,
     TRIAL,
     Launch,

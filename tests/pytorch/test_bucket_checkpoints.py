@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_buckets import (  # noqa: F401 (the *_server fixtures)
+from support.helpers_buckets import (  # noqa: F401 (the *_server fixtures)
     BUCKETS,
     azure_server_fixture,
     bucket_server,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers_paths import SUPPORT
+from support.helpers_paths import SUPPORT
 from trials_pytorch import ResumeTrial, assert_same_state, config, fit, state_snapshot
 
 import determined_trials.pytorch._adapter as adapter_module

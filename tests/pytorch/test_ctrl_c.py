@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers_group_run import run_in_group
-from helpers_paths import REPO, SUPPORT
+from support.helpers_group_run import run_in_group
+from support.helpers_paths import REPO, SUPPORT
 
 from determined_trials.core import LocalStore
 

@@ -14,18 +14,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import helpers_two_ranks as two_ranks
 import pytest
 import torch
-from helpers_buckets import (  # noqa: F401 (the *_server fixtures)
+from support import helpers_two_ranks as two_ranks
+from support.helpers_buckets import (  # noqa: F401 (the *_server fixtures)
     azure_server_fixture,
     bucket_server,
     bucket_spec,
     gcs_server_fixture,
     s3_server_fixture,
 )
-from helpers_paths import SUPPORT
-from helpers_two_ranks import Results
+from support.helpers_paths import SUPPORT
+from support.helpers_two_ranks import Results
 from worker_fsdp import run
 
 from determined_trials import core

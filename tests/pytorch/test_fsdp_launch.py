@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_fsdp_example import BATCHES, EXAMPLE, dcp_tensors, fsdp_config, last_checkpoint
+from support.helpers_fsdp_example import BATCHES, EXAMPLE, dcp_tensors, fsdp_config, last_checkpoint
 
 import determined_trials as det
 from determined_trials.cli.main import main as cli_main

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import helpers_two_ranks as two_ranks
 import pytest
 import torch
-from helpers_paths import SUPPORT
-from helpers_two_ranks import Results
+from support import helpers_two_ranks as two_ranks
+from support.helpers_paths import SUPPORT
+from support.helpers_two_ranks import Results
 from trials_pytorch_dist import LENGTH, VALIDATION_RECORDS, config
 from worker_pytorch_dist import run
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers_paths import SUPPORT
+from support.helpers_paths import SUPPORT
 from trials_pytorch import ResumeTrial, assert_same_state, config, fit, state_snapshot
 
 from determined_trials import pytorch

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_paths import SUPPORT
-from helpers_tensorboard import tensorboard_points
+from support.helpers_paths import SUPPORT
+from support.helpers_tensorboard import tensorboard_points
 from trials_pytorch import LinearTrial, config, fit
 
 from determined_trials.pytorch import Batch

@@ -10,10 +10,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-import helpers_two_ranks as two_ranks
 import pytest
 import torch
-from helpers_paths import SUPPORT
+from support import helpers_two_ranks as two_ranks
+from support.helpers_paths import SUPPORT
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 

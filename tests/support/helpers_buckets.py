@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_paths import REPO
+
+from support.helpers_paths import REPO
 
 __all__ = [
     "AZURITE_KEY", "BUCKETS", "S3_KEYS", "azure_connection_string", "azure_server_fixture", "azurite",

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from helpers_paths import SUPPORT
 from torch import nn
+
+from support.helpers_paths import SUPPORT
 
 CODE = SUPPORT / "det_tutorials" / "ckpt038_code"
 TRIAL_SPEC = "det038_model_def:TinyRegression"

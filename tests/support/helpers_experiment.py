@@ -16,10 +16,10 @@ from typing import Any
 
 import psutil
 import yaml
-from helpers_paths import SUPPORT
 
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore
+from support.helpers_paths import SUPPORT
 
 __all__ = ["DET_TRIALS", "SCRIPT", "create", "final_states", "kill_runner", "make_context", "start_runner", "when_stored"]
 

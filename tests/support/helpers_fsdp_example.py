@@ -7,9 +7,9 @@ import textwrap
 from pathlib import Path
 
 import torch
-from helpers_paths import REPO
 
 import determined_trials as det
+from support.helpers_paths import REPO
 
 __all__ = ["BATCHES", "EXAMPLE", "dcp_tensors", "fsdp_config", "last_checkpoint"]
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from helpers_experiment import DET_TRIALS
+from support.helpers_experiment import DET_TRIALS
 
 __all__ = ["LocalRayCluster", "can_hide_folders", "driving", "start_ray_runner"]
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_paths import SUPPORT
+
+from support.helpers_paths import SUPPORT
 
 __all__ = ["Results", "launch", "log", "ranks"]
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers_browser import Watched, chromium, watched_page
+from support.helpers_browser import Watched, chromium, watched_page
 
 
 @pytest.fixture(scope="module")

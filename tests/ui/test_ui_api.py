@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
 
-from helpers_ui import make_store, running_ui  # noqa: E402
+from support.helpers_ui import make_store, running_ui  # noqa: E402
 
 with warnings.catch_warnings():  # starlette 1.x asks for httpx2 in place of httpx; both work
     warnings.simplefilter("ignore")

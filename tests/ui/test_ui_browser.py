@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers_paths import REPO, SUPPORT
+from support.helpers_paths import REPO, SUPPORT
 
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
-from helpers_browser import Watched  # noqa: E402
-from helpers_experiment import start_runner  # noqa: E402
-from helpers_ui import EVIL, login_url, make_store, running_ui  # noqa: E402
+from support.helpers_browser import Watched  # noqa: E402
+from support.helpers_experiment import start_runner  # noqa: E402
+from support.helpers_ui import EVIL, login_url, make_store, running_ui  # noqa: E402
 
 from determined_trials.core import LocalStore  # noqa: E402
 from determined_trials.core.store._owner import owner_alive  # noqa: E402

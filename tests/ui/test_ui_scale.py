@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
 
-from helpers_browser import chromium  # noqa: E402
-from helpers_ui import login_url, make_big_store, running_ui  # noqa: E402
+from support.helpers_browser import chromium  # noqa: E402
+from support.helpers_ui import login_url, make_big_store, running_ui  # noqa: E402
 
 from determined_trials.ui import UiSettings, create_app  # noqa: E402
 

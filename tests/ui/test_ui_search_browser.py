@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
-from helpers_browser import Watched  # noqa: E402
-from helpers_ui import login_url, running_ui  # noqa: E402
+from support.helpers_browser import Watched  # noqa: E402
+from support.helpers_ui import login_url, running_ui  # noqa: E402
 
 from determined_trials.core import LocalStore  # noqa: E402
 

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
 httpx = pytest.importorskip("httpx")
 
-from helpers_ui import login_url, make_store, running_ui  # noqa: E402
+from support.helpers_ui import login_url, make_store, running_ui  # noqa: E402
 
 with warnings.catch_warnings():  # starlette 1.x asks for httpx2 in place of httpx; both work
     warnings.simplefilter("ignore")

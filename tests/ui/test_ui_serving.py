@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
 
-from helpers_browser import chromium  # noqa: E402
-from helpers_ui import login_url, make_store, running_ui  # noqa: E402
+from support.helpers_browser import chromium  # noqa: E402
+from support.helpers_ui import login_url, make_store, running_ui  # noqa: E402
 
 with warnings.catch_warnings():  # starlette 1.x asks for httpx2 in place of httpx; both work
     warnings.simplefilter("ignore")

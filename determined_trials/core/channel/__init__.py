@@ -11,3 +11,15 @@ collectives must not. Never ``core.transport`` nor any framework.
 
 May import: errors, core.store
 """
+
+from determined_trials.core.channel._client import STORE_CHANNEL_ENV, RemoteStore, open_store, own_store
+from determined_trials.core.channel._server import ChannelToken, StoreChannelServer
+
+__all__ = [
+    "ChannelToken",
+    "RemoteStore",
+    "STORE_CHANNEL_ENV",
+    "StoreChannelServer",
+    "open_store",
+    "own_store",
+]

@@ -14,15 +14,16 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from determined_trials.core.channel._server import LOG_METHOD, ChannelToken
-from determined_trials.core.store import TRIAL_STORE_METHODS, TrialStore
-from determined_trials.core.store._local import LocalStore
-from determined_trials.core.store._records import (
+from determined_trials.core.store import (
+    TRIAL_STORE_METHODS,
     CheckpointRecord,
     Experiment,
+    LocalStore,
     MetricRecord,
     NotFoundError,
     SearcherOpRecord,
     Trial,
+    TrialStore,
     dumps,
 )
 

@@ -13,8 +13,7 @@ from typing import Any
 import zmq
 import zmq.auth.thread
 
-from determined_trials.core.store import TRIAL_STORE_METHODS
-from determined_trials.core.store._local import LocalStore, NotFoundError
+from determined_trials.core.store import TRIAL_STORE_METHODS, LocalStore, NotFoundError
 
 __all__ = ["ALLOWED_METHODS", "ChannelToken", "StoreChannelServer"]
 

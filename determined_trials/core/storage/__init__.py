@@ -13,6 +13,7 @@ from determined_trials.core.storage._base import (
     Selector,
     StorageError,
     StorageManager,
+    list_local_files,
 )
 from determined_trials.core.storage._directory import DirectoryStorage
 from determined_trials.core.storage._gcs import GCSStorage
@@ -32,4 +33,5 @@ __all__ = [
     "StorageError",
     "StorageManager",
     "storage_from_spec",
+    "list_local_files",
 ]

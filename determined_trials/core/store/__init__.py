@@ -15,7 +15,58 @@ network sits above the store), nor any framework.
 May import: errors, config, core.storage
 """
 
+from determined_trials.core.store._checkpoint_recovery import (
+    recover_checkpoints,
+    recover_run_checkpoints,
+    remove_stale_staging,
+)
+from determined_trials.core.store._local import STORE_FILENAME, LocalStore
+from determined_trials.core.store._owner import claim_experiment, owner_alive, release_dead_owners
+from determined_trials.core.store._records import (
+    CheckpointRecord,
+    Experiment,
+    MetricRecord,
+    NotFoundError,
+    SearcherOpRecord,
+    Trial,
+    dumps,
+)
+from determined_trials.core.store._report_buffer import DisplayFields, ReportBuffer
+from determined_trials.core.store._retention import (
+    RetentionPolicy,
+    checkpoint_scores,
+    collect_bare_trial_garbage,
+    collect_garbage,
+    kept_checkpoints,
+)
 from determined_trials.core.store._states import CheckpointState, RunState
 from determined_trials.core.store._trial_store import TRIAL_STORE_METHODS, TrialStore
 
-__all__ = ["TRIAL_STORE_METHODS", "CheckpointState", "RunState", "TrialStore"]
+__all__ = [
+    "TRIAL_STORE_METHODS",
+    "TrialStore",
+    "SearcherOpRecord",
+    "CheckpointState",
+    "RunState",
+    "CheckpointRecord",
+    "DisplayFields",
+    "Experiment",
+    "LocalStore",
+    "MetricRecord",
+    "NotFoundError",
+    "ReportBuffer",
+    "RetentionPolicy",
+    "STORE_FILENAME",
+    "Trial",
+    "checkpoint_scores",
+    "claim_experiment",
+    "collect_bare_trial_garbage",
+    "collect_garbage",
+    "dumps",
+    "kept_checkpoints",
+    "owner_alive",
+    "recover_checkpoints",
+    "recover_run_checkpoints",
+    "release_dead_owners",
+    "remove_stale_staging",
+]

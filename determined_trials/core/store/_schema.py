@@ -21,7 +21,8 @@ _ADDED_COLUMNS: list[tuple[str, str, str]] = [
     ("tracker_runs", "checkpoints_forwarded", "TEXT NOT NULL DEFAULT '[]'"),  # uuids the tracker has recorded
 ]
 
-# The state columns hold ``_states``' values; their defaults are the first states (tests/test_states.py checks).
+# The state columns hold ``_states``' values; their defaults are the first states
+# (tests/core/store/test_states.py checks).
 _TABLES = """
 CREATE TABLE IF NOT EXISTS schema_version (
     version INTEGER NOT NULL

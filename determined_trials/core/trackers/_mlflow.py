@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from determined_trials.config import MlflowIntegration
-from determined_trials.core.store._records import CheckpointRecord, MetricRecord
+from determined_trials.core.store import CheckpointRecord, MetricRecord
 from determined_trials.core.trackers._sink import Outcome, TrialFacts, step_values
 
 __all__ = ["MlflowSink", "run_url"]

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from determined_trials._info import TrialInfo
 from determined_trials.config import ExperimentConfig, Integrations
-from determined_trials.core.store import TrialStore
-from determined_trials.core.store._local import LocalStore
+from determined_trials.core.store import LocalStore, TrialStore
 from determined_trials.core.trackers._forwarder import TrackerForwarder
 from determined_trials.core.trackers._sink import Outcome, Sink, TrialFacts
 from determined_trials.errors import ConfigError

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from determined_trials._info import TrialInfo
-from determined_trials.core.store._records import CheckpointRecord, MetricRecord
+from determined_trials.core.store import CheckpointRecord, MetricRecord
 
 __all__ = ["Outcome", "Sink", "TrialFacts", "flat_params", "step_values"]
 

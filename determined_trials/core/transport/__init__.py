@@ -9,3 +9,15 @@ framework.
 
 May import: errors
 """
+
+from determined_trials.core.transport._addresses import WRAP_RANK_PARENT_ENV, WRAP_RANK_PID_ENV
+from determined_trials.core.transport._common import Layout
+from determined_trials.core.transport._transport import End, Transport
+
+__all__ = [
+    "End",
+    "Layout",
+    "Transport",
+    "WRAP_RANK_PARENT_ENV",
+    "WRAP_RANK_PID_ENV",
+]

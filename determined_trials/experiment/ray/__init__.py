@@ -6,3 +6,9 @@ for it; the runner imports this room lazily.
 
 May import: core.channel, core.store, launch, experiment
 """
+
+from determined_trials.experiment.ray._executor import ray_runner_options
+
+__all__ = [
+    "ray_runner_options",
+]

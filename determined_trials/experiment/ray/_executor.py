@@ -13,11 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from determined_trials.core.channel._server import StoreChannelServer
-from determined_trials.core.store._local import LocalStore
-from determined_trials.experiment._errors import ExperimentError
-from determined_trials.experiment._executor import TrialHandle, TrialJob
-from determined_trials.experiment._launch import trial_command
+from determined_trials.core.channel import StoreChannelServer
+from determined_trials.core.store import LocalStore
+from determined_trials.experiment import ExperimentError, TrialHandle, TrialJob, trial_command
 from determined_trials.experiment.ray._files import merge_tensorboard
 from determined_trials.experiment.ray._handle import RayTrialRun
 from determined_trials.experiment.ray._layout import Layout, LayoutError, multi_node_launcher, plan_layout

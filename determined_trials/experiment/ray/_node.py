@@ -18,13 +18,10 @@ from typing import Any
 
 import psutil
 
-from determined_trials.core.channel._client import STORE_CHANNEL_ENV, RemoteStore
-from determined_trials.core.channel._server import ChannelToken
-from determined_trials.experiment._launch import TrialLaunch, trial_command, trial_environment
-from determined_trials.experiment._process import TrialProcess
+from determined_trials.core.channel import STORE_CHANNEL_ENV, ChannelToken, RemoteStore
+from determined_trials.experiment import TrialLaunch, TrialProcess, trial_command, trial_environment
 from determined_trials.experiment.ray._files import pack_tensorboard
-from determined_trials.launch._procs import free_port
-from determined_trials.launch._spawn import TF_WORKERS_ENV
+from determined_trials.launch import TF_WORKERS_ENV, free_port
 
 __all__ = ["NODE_ID_ENV", "NodeRole", "TrialActor", "pack_folder", "probe_marker"]
 

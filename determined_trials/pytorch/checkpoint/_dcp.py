@@ -41,13 +41,16 @@ from determined_trials.pytorch.checkpoint._warm_start import (
     optimizer_settings,
     reapply_optimizer_settings,
 )
-from determined_trials.pytorch.parallel._ddp import plain_module
-from determined_trials.pytorch.parallel._fsdp import DCP_DIR, is_dcp_checkpoint
-from determined_trials.pytorch.parallel._fsdp_grads import pending_fsdp_grads, restore_fsdp_grads
+from determined_trials.pytorch.parallel import (
+    DCP_DIR,
+    is_dcp_checkpoint,
+    pending_fsdp_grads,
+    plain_module,
+    restore_fsdp_grads,
+)
 
 if TYPE_CHECKING:
-    from determined_trials.pytorch._context import PyTorchTrialContext
-    from determined_trials.pytorch._trial import PyTorchTrial
+    from determined_trials.pytorch import PyTorchTrial, PyTorchTrialContext
 
 __all__ = [
     "checkpoint_group",

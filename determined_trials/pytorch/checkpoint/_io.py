@@ -29,12 +29,11 @@ from determined_trials.pytorch.checkpoint._warm_start import (
     optimizer_settings,
     reapply_optimizer_settings,
 )
-from determined_trials.pytorch.parallel._ddp import plain_module, plain_state_dict
+from determined_trials.pytorch.parallel import plain_module, plain_state_dict
 
 if TYPE_CHECKING:
     from determined_trials._trial_context import TrialContext
-    from determined_trials.pytorch._context import PyTorchTrialContext
-    from determined_trials.pytorch._trial import PyTorchTrial
+    from determined_trials.pytorch import PyTorchTrial, PyTorchTrialContext
 
 __all__ = [
     "LOAD_DATA_FILE",

@@ -13,3 +13,43 @@ trainer sit above it.
 
 May import: errors, loop
 """
+
+from determined_trials.pytorch.data._iterable import STREAM_POSITIONS, StreamOfPasses, StreamPositions, in_step
+from determined_trials.pytorch.data._length import data_length, get_batch_length
+from determined_trials.pytorch.data._loader import DataLoader, require_opt_out
+from determined_trials.pytorch.data._position import TrainPosition
+from determined_trials.pytorch.data._raw import is_reproducible_loader, wrap_raw_loader
+from determined_trials.pytorch.data._samplers import (
+    DistributedBatchSampler,
+    DistributedSampler,
+    RepeatBatchSampler,
+    RepeatSampler,
+    ReproducibleShuffleBatchSampler,
+    ReproducibleShuffleSampler,
+    SkipBatchSampler,
+    SkipSampler,
+)
+from determined_trials.pytorch.data._stream import TrainingStream
+
+__all__ = [
+    "DataLoader",
+    "DistributedBatchSampler",
+    "DistributedSampler",
+    "RepeatBatchSampler",
+    "RepeatSampler",
+    "ReproducibleShuffleBatchSampler",
+    "ReproducibleShuffleSampler",
+    "STREAM_POSITIONS",
+    "SkipBatchSampler",
+    "SkipSampler",
+    "StreamOfPasses",
+    "StreamPositions",
+    "TrainPosition",
+    "TrainingStream",
+    "data_length",
+    "get_batch_length",
+    "in_step",
+    "is_reproducible_loader",
+    "require_opt_out",
+    "wrap_raw_loader",
+]

@@ -8,7 +8,7 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
-from determined_trials.loop._data_order import (
+from determined_trials.loop import (
     derive_seed_words,
     epoch_permutation,
     global_epoch_len,

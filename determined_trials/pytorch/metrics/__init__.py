@@ -6,3 +6,14 @@ Only torch and numpy.
 
 May import: nothing
 """
+
+from determined_trials.pytorch.metrics._metrics import TrainingMetrics, ValidationMetrics
+from determined_trials.pytorch.metrics._reducer import MetricReducer, Reducer, ReducerRegistry
+
+__all__ = [
+    "MetricReducer",
+    "Reducer",
+    "ReducerRegistry",
+    "TrainingMetrics",
+    "ValidationMetrics",
+]

@@ -6,3 +6,12 @@ Only torch.
 
 May import: nothing
 """
+
+from determined_trials.pytorch.optim._lr_scheduler import LRScheduler
+from determined_trials.pytorch.optim._stepping import check_params_wrapped, step_optimizer
+
+__all__ = [
+    "LRScheduler",
+    "check_params_wrapped",
+    "step_optimizer",
+]

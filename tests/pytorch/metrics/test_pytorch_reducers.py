@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers_sim_ranks import reduce_one
+from support.helpers_sim_ranks import reduce_one
 
 from determined_trials.pytorch import MetricReducer, Reducer
 from determined_trials.pytorch.metrics._metrics import ValidationMetrics

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers_experiment import DET_TRIALS, create, when_stored
-from helpers_paths import SUPPORT
-from helpers_ray_cluster import LocalRayCluster, driving, start_ray_runner
+from support.helpers_experiment import DET_TRIALS, create, when_stored
+from support.helpers_paths import SUPPORT
+from support.helpers_ray_cluster import LocalRayCluster, driving, start_ray_runner
 
 from determined_trials.cli._trial import write_trial_table
 from determined_trials.cli.main import main
@@ -318,7 +318,7 @@ def test_pause_stops_both_nodes_with_one_checkpoint_and_continue_finishes_it(
 def test_an_fsdp2_trial_spread_over_two_nodes_equals_one_machine(cluster: LocalRayCluster, tmp_path: Path) -> None:
     """The FSDP2 example with 2 slots on the 1-CPU-a-node cluster: one rank a node, one DCP shard a rank, and
     every saved tensor (weights and AdamW state) as the same trial run on this machine with two processes."""
-    from helpers_fsdp_example import EXAMPLE, dcp_tensors, fsdp_config, last_checkpoint
+    from support.helpers_fsdp_example import EXAMPLE, dcp_tensors, fsdp_config, last_checkpoint
 
     shutil.copytree(EXAMPLE, tmp_path / "code")
     config = fsdp_config(tmp_path, "fsdp.yaml")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_paths import SUPPORT
+from support.helpers_paths import SUPPORT
 from trials_pytorch import assert_same_state
 from trials_stream import write_shards
 

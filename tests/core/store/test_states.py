@@ -12,7 +12,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from helpers_paths import REPO
+from support.helpers_paths import REPO
 
 from determined_trials.core import LocalStore
 from determined_trials.core.store import CheckpointState, RunState

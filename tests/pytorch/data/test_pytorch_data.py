@@ -359,7 +359,7 @@ def test_original_get_data_loader_chain() -> None:
 
 
 def test_iterable_dataset_is_taken_as_a_stream_with_torch_checks() -> None:
-    assert DataLoader(Stream(), batch_size=2).is_stream  # streams: tests/pytorch/test_pytorch_streams.py
+    assert DataLoader(Stream(), batch_size=2).is_stream  # streams: tests/pytorch/data/test_pytorch_streams.py
     with pytest.raises(ValueError, match="shuffle"):  # torch's own refusal, as for its DataLoader
         DataLoader(Stream(), batch_size=2, shuffle=True)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_buckets import (  # noqa: F401 (the *_server fixtures)
+from support.helpers_buckets import (  # noqa: F401 (the *_server fixtures)
     BUCKETS,
     azure_connection_string,
     azure_server_fixture,
@@ -27,7 +27,7 @@ from helpers_buckets import (  # noqa: F401 (the *_server fixtures)
     list_keys,
     s3_server_fixture,
 )
-from helpers_ckpt import Recorder, failure, make_tree, read_tree, start_worker
+from support.helpers_ckpt import Recorder, failure, make_tree, read_tree, start_worker
 
 import determined_trials.core.storage._azure as azure_backend
 import determined_trials.core.storage._gcs as gcs_backend

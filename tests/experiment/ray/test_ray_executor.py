@@ -17,9 +17,9 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers_experiment import DET_TRIALS, create, final_states, make_context, when_stored
-from helpers_paths import SUPPORT
-from helpers_ray_cluster import LocalRayCluster, can_hide_folders, driving, start_ray_runner
+from support.helpers_experiment import DET_TRIALS, create, final_states, make_context, when_stored
+from support.helpers_paths import SUPPORT
+from support.helpers_ray_cluster import LocalRayCluster, can_hide_folders, driving, start_ray_runner
 
 from determined_trials.core import LocalStore
 from determined_trials.experiment import summarize_trials

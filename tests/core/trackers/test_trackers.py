@@ -18,9 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_experiment import SCRIPT, create
-from helpers_paths import SUPPORT
-from helpers_trackers import Relay, free_port, mlflow_server, mlflow_steps, wait_stopped, wandb_records, wandb_steps
+from support.helpers_experiment import SCRIPT, create
+from support.helpers_paths import SUPPORT
+from support.helpers_trackers import (
+    Relay,
+    free_port,
+    mlflow_server,
+    mlflow_steps,
+    wait_stopped,
+    wandb_records,
+    wandb_steps,
+)
 
 import determined_trials as det
 from determined_trials.cli.main import main
@@ -280,7 +288,7 @@ def test_an_experiment_keeps_one_run_through_a_kill_9_and_a_pause(server: str, t
         "integrations": {"mlflow": {"tracking_uri": server}}}))
     run_dir = tmp_path / "runs"
     env = {**os.environ, "TRACKER_TEST_PIDS": str(pids)}
-    from helpers_experiment import start_runner
+    from support.helpers_experiment import start_runner
 
     proc = start_runner(run_dir, config, ctx_dir, tmp_path / "create.out", env=env)
     try:

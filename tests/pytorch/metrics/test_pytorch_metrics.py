@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers_sim_ranks import SimulatedRanks, reduce_one
+from support.helpers_sim_ranks import SimulatedRanks, reduce_one
 
 from determined_trials.loop import reduce_across_ranks
 from determined_trials.pytorch import Reducer
