@@ -14,7 +14,6 @@ from determined_trials.config import ExperimentConfig
 from determined_trials.errors import ConfigError
 from determined_trials.pytorch._experimental import PyTorchExperimentalContext
 from determined_trials.pytorch._services import TrialServices
-from determined_trials.pytorch.data._position import TrainPosition
 from determined_trials.pytorch.device import _amp
 from determined_trials.pytorch.device._device import default_device
 from determined_trials.pytorch.optim import _stepping
@@ -34,7 +33,7 @@ _M = TypeVar("_M", bound=torch.nn.Module)
 _O = TypeVar("_O", bound=torch.optim.Optimizer)
 
 
-class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
+class PyTorchTrialContext(TrialContext, TrialServices):
     """The context a `PyTorchTrial` receives: wrap what you train, step, and log.
 
     Built by `det.pytorch.init()` / the trainer. Without `core_context` (e.g. `from_config`, for
@@ -51,7 +50,6 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         **identity: Unpack[TrialIdentity],
     ) -> None:
         self._init_identity(core_context, identity)
-        TrainPosition.__init__(self)
         self._aggregation_frequency = _resolve_aggregation(aggregation_frequency, self.config)
         self._average_grads: dict[int, bool] = {}
         dist = self.distributed
@@ -236,21 +234,9 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         return (self._require_batch_idx("step_optimizer/backward with aggregation") + 1) \
             % self._aggregation_frequency == 0
 
-    def _start_batch(self, batch_idx: int, epoch_len: int | None, **epoch: int) -> None:
-        """Trainer hook, before each training batch: set the position and clear per-batch flags."""
-        if epoch_len:  # the trainer's values are already valid: skip the public path's checks
-            self._start_known_batch(batch_idx, epoch_len)
-            return
-        self._set_position(batch_idx, epoch_len, **epoch)
-        self._optimizer_stepped_this_batch = False
-        if self._aggregation_frequency > 1:
-            sync = self._is_update_batch()
-            _ddp.set_grad_sync(self.models, sync)
-            _fsdp.set_fsdp_grad_sync(self.models, sync)
-
-    def _start_known_batch(self, batch_idx: int, epoch_len: int) -> None:
-        """``_start_batch`` when the epoch length is known (the common case, without keyword arguments)."""
-        self._batch_idx, self._epoch_len = batch_idx, epoch_len  # the epoch position derives from both
+    def _start_batch(self) -> None:
+        """Trainer hook, before each training batch (its index already on the clock): clear per-batch flags
+        and, with gradient aggregation, turn DDP's and FSDP2's gradient sync on or off for the batch."""
         self._optimizer_stepped_this_batch = False
         if self._aggregation_frequency > 1:
             sync = self._is_update_batch()
