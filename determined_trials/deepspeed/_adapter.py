@@ -24,12 +24,11 @@ from determined_trials.deepspeed._data import (
 )
 from determined_trials.deepspeed._trial import DeepSpeedTrial
 from determined_trials.loop import (
+    Clock,
     DataShape,
-    EpochCursor,
     HookRunner,
     SaveMode,
     TrialAdapter,
-    TrialState,
     allgather,
     reduce_across_ranks,
 )
@@ -60,30 +59,28 @@ class DeepSpeedAdapter(TrialAdapter):
         self._gas = context.get_num_micro_batches_per_slot()
         self._calls = 1 if context.use_pipeline_parallel or not context._auto_grad_accumulation else self._gas
         self._stream: Any = None
-        self._epoch_len = 1
         self._validation: Any = None
         self._train_metrics = TrainingMetrics()
-        self._epochs = EpochCursor(hooks)
 
     # -- the adapter interface -----------------------------------------------------------------
 
     def load(self, path: Path) -> None:
         load_rank_state(path, self._trial, self._context, self._hooks)
 
-    def start_training(self, state: TrialState) -> DataShape:
+    def start_training(self, clock: Clock) -> DataShape:
         epoch_len: int | None = None
         if self._mpu.should_build_data_loader:
             loader = self._trial.build_training_data_loader()
             require_opt_out(loader, "build_training_data_loader", self._context._dataset_checks)
             self._stream, epoch_len = training_stream(
                 loader, seed=self._context.get_trial_seed(), rank=self._mpu.data_parallel_rank,
-                size=self._mpu.data_parallel_world_size, start_batch=state.batches_trained,
+                size=self._mpu.data_parallel_world_size, start_batch=clock.batches_trained,
                 micro_batches=self._gas, micro_batch_size=self._context.get_train_micro_batch_size_per_gpu(),
             )
-        self._epoch_len = self._agree_on_epoch_len(epoch_len)
+        self._context._read_clock(clock.view)
         self._context.reducers.reset(True)
         self._train_metrics.reset()
-        return DataShape(self._epoch_len, int(self._engine.train_batch_size()))
+        return DataShape(self._agree_on_epoch_len(epoch_len), int(self._engine.train_batch_size()))
 
     def _agree_on_epoch_len(self, mine: int | None) -> int:
         lengths = [n for n in allgather(self._dist, mine) if n is not None]
@@ -96,16 +93,14 @@ class DeepSpeedAdapter(TrialAdapter):
             logger.warning("ranks' training loaders have different epoch lengths %s; using the shortest", lengths)
         return min(lengths)
 
-    def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
-        context, trial, engine, epochs = self._context, self._trial, self._engine, self._epochs
-        epoch_len, calls, stream = self._epoch_len, self._calls, self._stream
+    def train(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
+        context, trial, engine = self._context, self._trial, self._engine
+        calls, stream = self._calls, self._stream
         add_metrics, reducers = self._train_metrics.add, context.reducers
         reports, profiler = self._mpu.should_report_metrics, context._profiler
         for _ in range(num_batches):
-            batch_idx = state.batches_trained
-            epoch_idx, in_epoch = divmod(batch_idx, epoch_len)
-            epochs.enter(epoch_idx, in_epoch, state)
-            context._set_position(batch_idx, epoch_len)
+            epoch_idx = clock.begin()[0]  # one batch; its epoch opens at its first batch
+            batch_idx = clock.batches_trained
             steps, position = engine.global_steps, getattr(stream, "position", None)
             for _ in range(calls):
                 output = trial.train_batch(stream, epoch_idx, batch_idx)
@@ -113,7 +108,7 @@ class DeepSpeedAdapter(TrialAdapter):
                     add_metrics(output)
             self._check_batch(batch_idx, engine.global_steps - steps, position)
             reducers.batch_end()
-            epochs.advance(state, 1, in_epoch + 1 == epoch_len)
+            clock.advance()
             if profiler is not None:
                 profiler.step()
             if should_stop():

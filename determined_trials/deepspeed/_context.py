@@ -10,7 +10,6 @@ from determined_trials._trial_context import TrialContext, TrialIdentity
 from determined_trials.deepspeed._mpu import ModelParallelUnit, make_data_parallel_mpu, make_deepspeed_mpu
 from determined_trials.errors import ConfigError
 from determined_trials.pytorch import TrialServices
-from determined_trials.pytorch.data import TrainPosition
 from determined_trials.pytorch.device import default_device
 
 if TYPE_CHECKING:
@@ -23,7 +22,7 @@ __all__ = ["DeepSpeedTrialContext"]
 logger = logging.getLogger("determined_trials.deepspeed")
 
 
-class DeepSpeedTrialContext(TrialContext, TrainPosition, TrialServices):
+class DeepSpeedTrialContext(TrialContext, TrialServices):
     """The context a `DeepSpeedTrial` receives: wrap engines, set the MPU, move data, log.
 
     Built by `det.deepspeed.init()`. Without `core_context` (`from_config`, for debugging) the job
@@ -38,7 +37,6 @@ class DeepSpeedTrialContext(TrialContext, TrainPosition, TrialServices):
         **identity: Unpack[TrialIdentity],
     ) -> None:
         self._init_identity(core_context, identity)
-        TrainPosition.__init__(self)
         if core_context is None:
             from determined_trials.deepspeed._distributed import start_deepspeed_distributed
 

@@ -21,7 +21,7 @@ from determined_trials.keras._context import TFKerasTrialContext
 from determined_trials.keras._data import DataSource, make_source
 from determined_trials.keras._steps import CompiledSteps
 from determined_trials.keras._trial import TFKerasTrial
-from determined_trials.loop import DataShape, EpochCursor, HookRunner, TrialAdapter, TrialState, allgather
+from determined_trials.loop import Clock, DataShape, HookRunner, TrialAdapter, allgather
 
 __all__ = ["KerasAdapter"]
 
@@ -52,7 +52,6 @@ class KerasAdapter(TrialAdapter):
                              ) from exc
         self._stream: Iterator[Any] | None = None
         self._validation: DataSource | None = None
-        self._epochs = EpochCursor(hooks, on_close=self._train.end_epoch)
         self.callbacks.epoch_logs = self._epoch_logs
         self._last_validation: dict[str, Any] = {}
 
@@ -78,35 +77,33 @@ class KerasAdapter(TrialAdapter):
             ckpt.apply_state(self.model, weights, state, self.callbacks, Path(scratch))
         self._train.reseed(int(state["data_seed"]))  # a bare script's new trial seed must not change the order
 
-    def start_training(self, state: TrialState) -> DataShape:
-        self._stream = self._train.batches(state.batches_trained)
+    def start_training(self, clock: Clock) -> DataShape:
+        self._stream = self._train.batches(clock.batches_trained)
+        clock.set_closer(self._train.end_epoch)  # after each epoch's end hooks
         self.callbacks.set_params(self._train.epoch_len)
         self.model.stop_training = False
         self.model.reset_metrics()
         return DataShape(self._train.epoch_len, self._train.global_batch_size)
 
-    def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
+    def train(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
         assert self._stream is not None, "start_training() first"
-        model, step, stream, cbs, epochs = self.model, self._steps.train, self._stream, self.callbacks, self._epochs
-        epoch_len = self._train.epoch_len or 0
+        model, step, stream, cbs = self.model, self._steps.train, self._stream, self.callbacks
         batch_hooks = cbs.batch_hooks
-        cbs.workload_begin(state.batches_trained, num_batches)
+        cbs.workload_begin(clock.batches_trained, num_batches)
         for _ in range(num_batches):
             batch = next(stream)
-            in_epoch = state.batches_trained % epoch_len if epoch_len else state.batches_trained
-            if epoch_len:  # without a length there are no epochs
-                epochs.enter(state.batches_trained // epoch_len, in_epoch, state)
+            in_epoch = clock.begin()[1]  # without an epoch length: the batches trained, and no epochs
             if batch_hooks:
                 cbs.list.on_train_batch_begin(in_epoch)
             logs = step(batch)
             if batch_hooks:
                 cbs.list.on_train_batch_end(in_epoch, logs)
-            epochs.advance(state, 1, bool(epoch_len) and in_epoch + 1 == epoch_len)
+            clock.advance()
             if model.stop_training:
                 self._context.set_stop_requested(True)
             if should_stop():
                 break
-        cbs.trained = state.batches_trained
+        cbs.trained = clock.batches_trained
 
     def stop_requested(self) -> bool:
         return self._context.get_stop_requested()

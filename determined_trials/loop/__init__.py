@@ -1,6 +1,6 @@
-"""The framework-agnostic loop: units, schedule, trial state, hook order, the epoch cursor and the
-cross-rank metric reduction the adapters call, controller, and the one ``fit`` front every family's
-``Trainer`` shares (``_fit``).
+"""The framework-agnostic loop: units, schedule, the trial's clock (counters, epochs and their hooks, the
+batch being trained), hook order, the cross-rank metric reduction the adapters call, controller, and the
+one ``fit`` front every family's ``Trainer`` shares (``_fit``).
 
 Imports neither torch nor tensorflow; the PyTorch, DeepSpeed and Keras adapters run under it.
 
@@ -8,6 +8,7 @@ May import: errors, _info, config, core.*
 """
 
 from determined_trials.loop._adapter import DataShape, SaveMode, ShardedAsyncSaver, SnapshotSaver, TrialAdapter
+from determined_trials.loop._clock import Clock, ClockView
 from determined_trials.loop._controller import (
     CHECKPOINT_FORMAT,
     TRIAL_STATE_FILE,
@@ -24,13 +25,11 @@ from determined_trials.loop._data_order import (
     warn_if_short_of_one_batch,
     worker_seed_words,
 )
-from determined_trials.loop._epochs import EpochCursor
 from determined_trials.loop._fit import TrainerFront, experiment_config, open_trial_context
 from determined_trials.loop._hooks import HookRunner
 from determined_trials.loop._progress import Progress, progress_enabled, summary_line
 from determined_trials.loop._ranks import allgather, reduce_across_ranks
 from determined_trials.loop._schedule import Boundary, Schedule
-from determined_trials.loop._state import TrialState
 from determined_trials.loop._units import (
     Batch,
     BatchRule,
@@ -46,10 +45,11 @@ __all__ = [
     "Batch",
     "BatchRule",
     "Boundary",
+    "Clock",
+    "ClockView",
     "Controller",
     "DataShape",
     "Epoch",
-    "EpochCursor",
     "ExitReason",
     "HookRunner",
     "LoopSettings",
@@ -61,7 +61,6 @@ __all__ = [
     "SnapshotSaver",
     "TrainUnit",
     "TrialAdapter",
-    "TrialState",
     "allgather",
     "progress_enabled",
     "reduce_across_ranks",

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from determined_trials.loop._state import TrialState
+from determined_trials.loop._clock import Clock
 
 __all__ = ["DataShape", "SaveMode", "ShardedAsyncSaver", "SnapshotSaver", "TrialAdapter"]
 
@@ -104,14 +104,16 @@ class TrialAdapter(Protocol):
     def load(self, path: Path) -> None:
         """Restore models, optimizers, RNGs and callback state from a checkpoint folder."""
 
-    def start_training(self, state: TrialState) -> DataShape:
-        """Build the training data stream positioned after ``state.batches_trained`` batches."""
+    def start_training(self, clock: Clock) -> DataShape:
+        """Build the training data stream positioned after ``clock.batches_trained`` batches (the loop then
+        starts the clock with the shape's epoch length); hand ``clock.view`` to whatever reads the position."""
 
-    def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
+    def train(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
         """Train up to ``num_batches`` batches; stop early after a batch where ``should_stop()`` is True.
 
-        The adapter steps its ``EpochCursor`` (``loop/_epochs.py``) around the batches: the cursor, not
-        the adapter, opens and closes epochs, calls the epoch hooks and advances ``state``'s counts."""
+        The adapter reports its batches to the clock (``loop/_clock.py``): ``begin`` or ``begin_pass``
+        before, ``advance`` after. The clock, not the adapter, opens and closes epochs, calls the epoch
+        hooks and counts."""
 
     def stop_requested(self) -> bool:
         """Whether the trial asked to stop (``context.set_stop_requested(True)``)."""

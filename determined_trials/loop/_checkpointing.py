@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from determined_trials.loop._adapter import SaveMode, ShardedAsyncSaver, SnapshotSaver, TrialAdapter
+from determined_trials.loop._clock import Clock
 from determined_trials.loop._hooks import HookRunner
-from determined_trials.loop._state import TrialState
 
 if TYPE_CHECKING:
     from determined_trials.core import Context
@@ -62,7 +62,7 @@ class Checkpointer:
         self._in_flight = False  # on every rank: a write was started and not yet collected
         self._shard: tuple[Any, Any] | None = None  # (staged checkpoint, this rank's write future): sharded
 
-    def save(self, state: TrialState, *, final: bool = False) -> None:
+    def save(self, state: Clock, *, final: bool = False) -> None:
         """Checkpoint ``state`` and the adapter's state (waits for the previous write first). A
         ``final`` checkpoint (nothing trains after it) is written at once from the live state: a
         snapshot would only add a copy, since the loop would wait for the writer right after."""

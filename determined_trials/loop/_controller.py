@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 from determined_trials.core import read_json_file, trial_progress
 from determined_trials.loop._adapter import DataShape, TrialAdapter
 from determined_trials.loop._checkpointing import CHECKPOINT_FORMAT, TRIAL_STATE_FILE, Checkpointer
+from determined_trials.loop._clock import Clock
 from determined_trials.loop._hooks import HookRunner
 from determined_trials.loop._progress import Progress, progress_enabled, summary_line
 from determined_trials.loop._schedule import Boundary, Schedule
-from determined_trials.loop._state import TrialState
 from determined_trials.loop._units import TrainUnit, unit_from_length
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class Controller:
         self._settings = settings
         self._dist = core.distributed
         self._is_chief = self._dist.get_rank() == 0
-        self._state = TrialState(trial_id=core.info.trial.trial_id)
+        self._state = Clock(hooks, trial_id=core.info.trial.trial_id)  # the trial's clock: counters, epochs, position
         self._exit: ExitReason | None = None
         self._last_validation: dict[str, Any] = {}
         self._progress: Progress | None = None
@@ -97,6 +97,7 @@ class Controller:
         try:
             self._startup(latest_checkpoint)
             shape = self._adapter.start_training(self._state)
+            self._state.start(shape.epoch_len)
             self._hooks.call("on_training_start")
             if self._settings.profiling_enabled:
                 self._core.profiler.on()

@@ -15,12 +15,11 @@ from typing import Any
 import torch
 
 from determined_trials.loop import (
+    Clock,
     DataShape,
-    EpochCursor,
     HookRunner,
     SaveMode,
     TrialAdapter,
-    TrialState,
     allgather,
     reduce_across_ranks,
 )
@@ -43,6 +42,7 @@ from determined_trials.pytorch.data import (
     DataLoader,
     StreamOfPasses,
     StreamPositions,
+    TrainingBatches,
     in_step,
     is_reproducible_loader,
     require_opt_out,
@@ -65,9 +65,7 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
         self._context = context
         self._hooks = hooks
         self._dist = context.distributed
-        self._stream: Any = None
-        self._epoch_len: int | None = None
-        self._epochs = EpochCursor(hooks)
+        self._stream: TrainingBatches | None = None
         self._validation_loader: Any = None
         self._train_metrics = TrainingMetrics()
         self._uses_evaluate_batch = type(trial).evaluate_batch is not PyTorchTrial.evaluate_batch
@@ -106,23 +104,25 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
         if self._dist.get_rank() == 0 and self.save_mode is SaveMode.ASYNC_SNAPSHOT and self.wants_snapshot():
             self._host_buffers.prepare(large_state_template(self._context), self._context.device)
 
-    def start_training(self, state: TrialState) -> DataShape:
+    def start_training(self, clock: Clock) -> DataShape:
         loader = self._trial.build_training_data_loader()
         size, rank = self._dist.get_size(), self._dist.get_rank()
+        stream: TrainingBatches
         if isinstance(loader, DataLoader):
-            self._stream = loader.build_training_stream(
-                seed=self._context.get_trial_seed(), rank=rank, num_replicas=size, start_batch=state.batches_trained,
+            stream = loader.build_training_stream(
+                seed=self._context.get_trial_seed(), rank=rank, num_replicas=size, start_batch=clock.batches_trained,
             )
             global_batch = (loader.batch_size or 0) * size or None
         else:
             self._require_opt_out(loader, "build_training_data_loader")
-            self._stream = wrap_raw_loader(loader, start_batch=state.batches_trained)
+            stream = wrap_raw_loader(loader, start_batch=clock.batches_trained)
             global_batch = _raw_batch_size(loader, size)
-        self._epoch_len = self._stream.epoch_len
-        if isinstance(self._stream, StreamOfPasses):
+        self._stream = stream
+        self._context._read_clock(clock.view)
+        if isinstance(stream, StreamOfPasses):
             self._check_stream_units()
             self._hooks.callbacks[STREAM_POSITIONS] = self._positions
-            self._positions.resume(self._stream, rank, size)
+            self._positions.resume(stream, rank, size)
         else:
             self._hooks.callbacks.pop(STREAM_POSITIONS, None)
         if self._sharded and size > 1:  # made once here, not in the first checkpoint's time
@@ -131,7 +131,7 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
             checkpoint_group()
         self._context.reducers.reset(True)
         self._train_metrics.reset()
-        return DataShape(self._epoch_len, global_batch)
+        return DataShape(stream.epoch_len, global_batch)
 
     def _check_stream_units(self) -> None:
         """A stream has no epoch length: an LR scheduler stepped per epoch would never step."""
@@ -147,13 +147,13 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
         """On every rank before a checkpoint, in one allgather: the ranks' stream positions (on a stream) and,
         on several ranks unless FSDP2 saves them per rank, their RNG states (which drift apart when the ranks
         draw different amounts, e.g. dropout over batches of different sizes)."""
-        stream = isinstance(self._stream, StreamOfPasses)
+        stream = self._stream if isinstance(self._stream, StreamOfPasses) else None
         rngs = self._dist.get_size() > 1 and not self._sharded
-        if not (stream or rngs):
+        if stream is None and not rngs:
             return
-        gathered = allgather(self._dist, (self._stream.state_dict() if stream else None,
+        gathered = allgather(self._dist, (stream.state_dict() if stream is not None else None,
                                           capture_rng() if rngs else None))
-        if stream:
+        if stream is not None:
             self._positions.ranks = [position for position, _ in gathered]
         self._rank_rngs = [rng for _, rng in gathered] if rngs else None
 

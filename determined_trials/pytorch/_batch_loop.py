@@ -1,5 +1,6 @@
-"""The PyTorch adapter's "train n batches": a tight loop over runs of batches inside one epoch, and
-a batch-at-a-time loop for raw loaders (whose passes decide where epochs end)."""
+"""The PyTorch adapter's "train n batches": a tight loop over runs of batches inside one epoch of a sized
+dataset, and a batch-at-a-time loop for raw loaders and streams (whose passes decide where epochs end).
+Both report their batches to the loop's clock."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from determined_trials.loop import EpochCursor, TrialState
-from determined_trials.pytorch.data import TrainingStream
+from determined_trials.loop import Clock
+from determined_trials.pytorch.data import TrainingBatches, TrainingStream
 from determined_trials.pytorch.metrics import TrainingMetrics
 
 if TYPE_CHECKING:
@@ -22,29 +23,29 @@ CPU = torch.device("cpu")
 
 
 class BatchLoop:
-    """Mixin of the PyTorch adapter: ``train``, stepping the epoch cursor (which calls the epoch hooks)."""
+    """Mixin of the PyTorch adapter: ``train``, reporting its batches to the loop's clock (which calls the
+    epoch hooks)."""
 
     _trial: PyTorchTrial
     _context: PyTorchTrialContext
-    _epochs: EpochCursor
-    _stream: Any
-    _epoch_len: int | None
+    _stream: TrainingBatches | None
     _train_metrics: TrainingMetrics
     _kept_batches: list[Any] | None
     _after_first_batch: Callable[[], None] | None  # run once, after this process's first batch
 
-    def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
-        if not isinstance(self._stream, TrainingStream):  # a raw loader: its epochs end when a pass does
+    def train(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
+        assert self._stream is not None, "start_training() first"
+        if self._stream.epochs_from_passes:  # a raw loader or a stream: its epochs end when a pass does
             if self._after_first_batch is not None:
-                self._train_raw_loader(1, state, should_stop)
+                self._train_passes(1, clock, should_stop)
                 self._first_batch_done()
                 num_batches -= 1
-            self._train_raw_loader(num_batches, state, should_stop)
+            self._train_passes(num_batches, clock, should_stop)
             return
         remaining = num_batches
         while remaining > 0:
             first = self._after_first_batch is not None
-            trained, stopped = self._train_run(1 if first else remaining, state, should_stop)
+            trained, stopped = self._train_run(1 if first else remaining, clock, should_stop)
             remaining -= trained
             if first and trained:
                 self._first_batch_done()
@@ -56,20 +57,18 @@ class BatchLoop:
         assert hook is not None
         hook()
 
-    def _train_run(self, limit: int, state: TrialState, should_stop: Callable[[], bool]) -> tuple[int, bool]:
+    def _train_run(self, limit: int, clock: Clock, should_stop: Callable[[], bool]) -> tuple[int, bool]:
         """Train up to ``limit`` batches of the current epoch in one tight loop: (batches trained, stopped).
 
-        Per batch only what every batch needs runs: take the batch, set the position, ``train_batch``,
-        keep the loss on the device, the stop check. The rest (LR schedulers, function reducers, the AMP
-        scaler, gradient aggregation, the profiler, kept outputs) runs only when the trial uses it.
+        Per batch only what every batch needs runs: take the batch, move the clock's ``batch_idx``,
+        ``train_batch``, keep the loss on the device, the stop check. The rest (LR schedulers, function
+        reducers, the AMP scaler, gradient aggregation, the profiler, kept outputs) runs only when the trial
+        uses it.
         """
-        context, stream, metrics, epochs = self._context, self._stream, self._train_metrics, self._epochs
-        epoch_len = self._epoch_len
-        assert epoch_len
-        first = state.batches_trained
-        epoch_idx, in_epoch = divmod(first, epoch_len)
-        epochs.enter(epoch_idx, in_epoch, state)
-        count = min(limit, epoch_len - in_epoch)
+        context, stream, metrics = self._context, self._stream, self._train_metrics
+        assert isinstance(stream, TrainingStream)
+        epoch_idx, in_epoch, count = clock.begin(limit)
+        first = clock.batches_trained
         sink = metrics.loss_sink() if self._kept_batches is None else None
         losses = None if sink is None else sink[0]
         count = min(count, sink[1]) if sink is not None else 1  # the first output sets the sink up
@@ -79,18 +78,16 @@ class BatchLoop:
         # on a CPU trial, a run whose first batch holds CPU tensors needs no move (to_device returns them)
         check_first = move is not None and context.device == CPU
         train_batch, iterator, tensor_type = self._trial.train_batch, stream.loader_iterator(), torch.Tensor
-        last_of_epoch = (epoch_idx + 1) * epoch_len - 1
-        context._epoch_len = epoch_len
+        last_of_epoch = first - in_epoch + stream.epoch_len - 1
         preempt = getattr(should_stop, "local_preempt", None)
         trained = kept = 0
-        stopped = False
+        stopped = finished = False
         try:
             for batch_idx in range(first, first + count):
                 batch = next(iterator)
+                clock.batch_idx = batch_idx
                 if per_batch:
-                    context._start_known_batch(batch_idx, epoch_len)
-                else:
-                    context._batch_idx = batch_idx
+                    context._start_batch()
                 if check_first:
                     check_first = False
                     if cpu_tensors(batch):
@@ -110,17 +107,16 @@ class BatchLoop:
                 if (preempt is None or preempt.signalled or context._stop_requested) and should_stop():
                     stopped = True
                     break
+            finished = True
         finally:
             stream.advance(trained)
-            epochs.advance(state, trained)
+            clock.advance(trained, closes=finished)  # the epoch's end hooks only after a run that did not fail
             if kept:
                 metrics.count_losses(kept)
-        if first + trained - 1 == last_of_epoch:
-            epochs.close(state)
         return trained, stopped
 
     def _needs_per_batch_steps(self) -> bool:
-        """Whether each batch needs ``_start_known_batch``/``_finish_batch`` (else the position alone)."""
+        """Whether each batch needs ``_start_batch``/``_finish_batch`` (else the clock's position alone)."""
         context = self._context
         return bool(context.lr_schedulers or context.reducers.marks_batches or context._auto_scaler is not None
                     or context._aggregation_frequency > 1 or context._profiler is not None)
@@ -135,26 +131,24 @@ class BatchLoop:
         if context._profiler is not None:
             context._profiler.step()
 
-    def _train_raw_loader(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
-        """``train`` over a raw loader's stream, one batch at a time (its passes decide the epochs)."""
-        context, trial, stream, epochs = self._context, self._trial, self._stream, self._epochs
-        epoch_len = self._epoch_len or 0
+    def _train_passes(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
+        """``train`` over a stream whose passes decide the epochs (a raw loader, an ``IterableDataset``), one
+        batch at a time."""
+        context, trial, stream = self._context, self._trial, self._stream
+        assert stream is not None
         add_metrics = self._add_and_keep if self._kept_batches is not None else self._train_metrics.add
         to_device = context.to_device if context.experimental._auto_to_device else None
         for _ in range(num_batches):
             batch = next(stream)
-            batch_idx, epoch_idx, in_epoch = state.batches_trained, stream.epoch_idx, stream.batch_in_epoch
-            epochs.enter(epoch_idx, in_epoch, state)  # a shorter pass is closed when the next begins
-            if epoch_len:
-                context._start_known_batch(batch_idx, epoch_len)
-            else:
-                context._start_batch(batch_idx, None, epoch_idx=epoch_idx, batch_in_epoch=in_epoch)
+            epoch_idx = stream.epoch_idx
+            clock.begin_pass(epoch_idx, stream.batch_in_epoch)  # a shorter pass is closed when the next begins
+            batch_idx = clock.batches_trained
+            context._start_batch()
             if to_device is not None and not (context.device == CPU and cpu_tensors(batch)):
                 batch = to_device(batch)
             add_metrics(trial.train_batch(batch, epoch_idx, batch_idx))
-            epoch_ended = in_epoch + 1 == epoch_len
-            self._finish_batch(batch_idx, epoch_idx, epoch_ended)
-            epochs.advance(state, 1, epoch_ended)
+            self._finish_batch(batch_idx, epoch_idx, clock.at_epoch_end())
+            clock.advance(1)
             if should_stop():
                 break
 

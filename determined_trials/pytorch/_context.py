@@ -14,7 +14,6 @@ from determined_trials.config import ExperimentConfig
 from determined_trials.errors import ConfigError
 from determined_trials.pytorch._experimental import PyTorchExperimentalContext
 from determined_trials.pytorch._services import TrialServices
-from determined_trials.pytorch.data import TrainPosition
 from determined_trials.pytorch.device import (
     default_autocast_dtype,
     default_device,
@@ -48,7 +47,7 @@ _M = TypeVar("_M", bound=torch.nn.Module)
 _O = TypeVar("_O", bound=torch.optim.Optimizer)
 
 
-class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
+class PyTorchTrialContext(TrialContext, TrialServices):
     """The context a `PyTorchTrial` receives: wrap what you train, step, and log.
 
     Built by `det.pytorch.init()` / the trainer. Without `core_context` (e.g. `from_config`, for
@@ -65,7 +64,6 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         **identity: Unpack[TrialIdentity],
     ) -> None:
         self._init_identity(core_context, identity)
-        TrainPosition.__init__(self)
         self._aggregation_frequency = _resolve_aggregation(aggregation_frequency, self.config)
         self._average_grads: dict[int, bool] = {}
         dist = self.distributed
@@ -250,21 +248,9 @@ class PyTorchTrialContext(TrialContext, TrainPosition, TrialServices):
         return (self._require_batch_idx("step_optimizer/backward with aggregation") + 1) \
             % self._aggregation_frequency == 0
 
-    def _start_batch(self, batch_idx: int, epoch_len: int | None, **epoch: int) -> None:
-        """Trainer hook, before each training batch: set the position and clear per-batch flags."""
-        if epoch_len:  # the trainer's values are already valid: skip the public path's checks
-            self._start_known_batch(batch_idx, epoch_len)
-            return
-        self._set_position(batch_idx, epoch_len, **epoch)
-        self._optimizer_stepped_this_batch = False
-        if self._aggregation_frequency > 1:
-            sync = self._is_update_batch()
-            set_grad_sync(self.models, sync)
-            set_fsdp_grad_sync(self.models, sync)
-
-    def _start_known_batch(self, batch_idx: int, epoch_len: int) -> None:
-        """``_start_batch`` when the epoch length is known (the common case, without keyword arguments)."""
-        self._batch_idx, self._epoch_len = batch_idx, epoch_len  # the epoch position derives from both
+    def _start_batch(self) -> None:
+        """Trainer hook, before each training batch (its index already on the clock): clear per-batch flags
+        and, with gradient aggregation, turn DDP's and FSDP2's gradient sync on or off for the batch."""
         self._optimizer_stepped_this_batch = False
         if self._aggregation_frequency > 1:
             sync = self._is_update_batch()

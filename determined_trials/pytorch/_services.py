@@ -1,6 +1,7 @@
 """What every torch-based trial context offers besides wrapping (PyTorch and DeepSpeed): where its
 fields come from, the device and `to_device`, reducers (wrapped, reset and reduced as Determined's
-context does), TensorBoard (lazy writer, metric-logging switch) and the profiler."""
+context does), the position in training (read from the loop's clock), TensorBoard (lazy writer,
+metric-logging switch) and the profiler."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from determined_trials.loop import allgather
+from determined_trials.loop import Clock, ClockView, allgather
 from determined_trials.pytorch._tensorboard import make_profiler, make_summary_writer
 from determined_trials.pytorch.device import to_device
 from determined_trials.pytorch.metrics import MetricReducer, ReducerRegistry
@@ -41,6 +42,47 @@ class TrialServices:
         self.set_enable_tensorboard_logging(enable_tensorboard_logging)
         self._tb_writer: Any = None
         self._profiler: torch.profiler.profile | None = None
+        self._clock: ClockView = Clock().view  # no batch yet; each fit's adapter hands its clock's view over
+
+    def _read_clock(self, clock: ClockView) -> None:
+        """Trainer hook, as training starts: the position getters read ``clock`` (the loop advances it)."""
+        self._clock = clock
+
+    def _require_batch_idx(self, what: str) -> int:
+        batch_idx = self._clock.batch_idx
+        if batch_idx is None:
+            raise RuntimeError(
+                f"{what} needs the current batch, which is only known once training has started: "
+                "call it from train_batch (or a callback during training)"
+            )
+        return batch_idx
+
+    def current_train_batch(self) -> int:
+        """The 0-based global index of the batch being trained (the `batch_idx` of train_batch)."""
+        return self._require_batch_idx("current_train_batch()")
+
+    def current_train_epoch(self) -> int:
+        """The 0-based index of the epoch being trained (the `epoch_idx` of train_batch)."""
+        return self._epoch_position("current_train_epoch()")[0]
+
+    def is_epoch_start(self) -> bool:
+        """Whether the current batch is the first of its epoch."""
+        return self._epoch_position("is_epoch_start()")[1] == 0
+
+    def is_epoch_end(self) -> bool:
+        """Whether the current batch is the last of its epoch."""
+        in_epoch = self._epoch_position("is_epoch_end()")[1]
+        epoch_len = self._clock.epoch_len
+        if epoch_len is None:
+            raise RuntimeError(_UNKNOWN_EPOCH.format(what="is_epoch_end()"))
+        return in_epoch == epoch_len - 1
+
+    def _epoch_position(self, what: str) -> tuple[int, int]:
+        self._require_batch_idx(what)
+        position = self._clock.epoch_position()
+        if position is None:
+            raise RuntimeError(_UNKNOWN_EPOCH.format(what=what))
+        return position
 
     @property
     def device(self) -> torch.device:
@@ -111,3 +153,9 @@ class TrialServices:
             self._tb_writer.close()
             self._tb_writer = None
 
+
+
+_UNKNOWN_EPOCH = (
+    "{what} needs the epoch length, but the training data loader has no len(); use a "
+    "det.pytorch.DataLoader or a loader over a sized dataset"
+)

@@ -21,13 +21,12 @@ from typing import Any
 from determined_trials import core, loop
 from determined_trials.loop import (
     TRIAL_STATE_FILE,
+    Clock,
     Controller,
     DataShape,
-    EpochCursor,
     ExitReason,
     HookRunner,
     LoopSettings,
-    TrialState,
 )
 
 __all__ = ["Event", "HookRecorder", "PlainAdapter", "PlainRun", "SaveMode", "StoredCheckpoint", "run_loop"]
@@ -133,7 +132,6 @@ class PlainAdapter(loop.TrialAdapter):
         self.loop_mode = loop.SaveMode.SYNC_CHIEF
         self.sharded_save = self.snapshot_wanted = False
         _declare_save_mode(self, mode)
-        self._epochs = EpochCursor(hooks)
         self._stream: Iterator[tuple[int, int, tuple[int, ...]]] = iter(())
         self._losses: list[float] = []
         self._writes: concurrent.futures.ThreadPoolExecutor | None = None
@@ -150,11 +148,13 @@ class PlainAdapter(loop.TrialAdapter):
                 yield epoch_idx, k, tuple(order[k * self.batch_size:(k + 1) * self.batch_size])
             epoch_idx, in_epoch = epoch_idx + 1, 0
 
-    def _enter_batch(self, epoch_idx: int, in_epoch: int, state: TrialState) -> None:
-        self._epochs.enter(epoch_idx, in_epoch, state)
+    def _enter_batch(self, epoch_idx: int, in_epoch: int, state: Clock) -> None:
+        opened = state.begin(1)[:2]
+        if opened != (epoch_idx, in_epoch):
+            raise AssertionError(f"the clock says batch {opened[1]} of epoch {opened[0]}, the data batch {in_epoch} of epoch {epoch_idx}")
 
-    def _leave_batch(self, in_epoch: int, state: TrialState) -> None:
-        self._epochs.advance(state, 1, in_epoch + 1 == self.epoch_len)
+    def _leave_batch(self, in_epoch: int, state: Clock) -> None:
+        state.advance(1)
 
     # -- the adapter protocol ------------------------------------------------------------------
 
@@ -166,12 +166,12 @@ class PlainAdapter(loop.TrialAdapter):
         self.hooks.load_state_dict(saved["callbacks"])
         self._record("load", saved["w"])
 
-    def start_training(self, state: TrialState) -> DataShape:
+    def start_training(self, state: Clock) -> DataShape:
         self._stream = self._batches(state.batches_trained)
         self._record("start_training", state.batches_trained)
         return DataShape(epoch_len=self.epoch_len, global_batch_size=self.batch_size)
 
-    def train(self, num_batches: int, state: TrialState, should_stop: Callable[[], bool]) -> None:
+    def train(self, num_batches: int, state: Clock, should_stop: Callable[[], bool]) -> None:
         for _ in range(num_batches):
             epoch_idx, in_epoch, batch = next(self._stream)
             self._enter_batch(epoch_idx, in_epoch, state)

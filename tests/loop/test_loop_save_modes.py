@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from determined_trials import core
-from determined_trials.loop import DataShape, HookRunner, SaveMode, TrialAdapter, TrialState
+from determined_trials.loop import Clock, DataShape, HookRunner, SaveMode, TrialAdapter
 from determined_trials.loop._checkpointing import TRIAL_STATE_FILE, Checkpointer
 
 MAIN = "main"  # a call on the training thread
@@ -58,10 +58,10 @@ class _Fake(TrialAdapter):
     def load(self, path: Path) -> None:
         raise AssertionError("not used by the checkpoint step")
 
-    def start_training(self, state: TrialState) -> DataShape:
+    def start_training(self, state: Clock) -> DataShape:
         raise AssertionError("not used by the checkpoint step")
 
-    def train(self, num_batches: int, state: TrialState, should_stop: Any) -> None:
+    def train(self, num_batches: int, state: Clock, should_stop: Any) -> None:
         raise AssertionError("not used by the checkpoint step")
 
     def stop_requested(self) -> bool:
@@ -166,8 +166,8 @@ def _files(ctx: core.Context, storage_id: str) -> set[str]:
     return set(ctx.checkpoint.storage.list_files(storage_id))
 
 
-def _state(batches: int) -> TrialState:
-    return TrialState(batches_trained=batches, last_checkpoint=batches)
+def _state(batches: int) -> Clock:
+    return Clock(batches_trained=batches, last_checkpoint=batches)
 
 
 def test_sync_chief_saves_on_the_training_thread_and_fires_the_hook_at_once(tmp_path: Path) -> None:

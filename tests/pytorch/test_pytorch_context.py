@@ -15,6 +15,7 @@ import torch
 
 import determined_trials as det
 from determined_trials.errors import ConfigError
+from determined_trials.loop import Clock
 from determined_trials.pytorch import LRScheduler, MetricReducer, PyTorchTrialContext
 
 SEARCHER = {"name": "single", "metric": "loss", "max_length": 10}
@@ -45,6 +46,17 @@ def make_ctx(tmp_path: Path) -> Iterator[Any]:
         core.__exit__(None, None, None)
 
 
+def _start_batch(ctx: PyTorchTrialContext, batch_idx: int, epoch_len: int | None) -> Clock:
+    """What the batch loop does before batch ``batch_idx``: the clock at it (its view handed over, as each fit's
+    adapter does), then the context's per-batch step."""
+    clock = Clock(batches_trained=batch_idx)
+    clock.start(epoch_len)
+    clock.begin()
+    ctx._read_clock(clock.view)
+    ctx._start_batch()
+    return clock
+
+
 def _linear(weight: float = 1.0) -> torch.nn.Linear:
     model = torch.nn.Linear(1, 1, bias=False)
     torch.nn.init.constant_(model.weight, weight)
@@ -55,7 +67,7 @@ def _train(ctx: PyTorchTrialContext, model: Any, opt: Any, data: list[tuple[floa
     """One batch per (x, y), loss (w*x - y)^2; returns the weight after each batch."""
     weights = []
     for batch_idx, (x, y) in enumerate(data):
-        ctx._start_batch(batch_idx, len(data))
+        _start_batch(ctx, batch_idx, len(data))
         loss = ((model(torch.tensor([[x]])) - y) ** 2).sum()
         ctx.backward(loss)
         ctx.step_optimizer(opt, **step)
@@ -193,7 +205,7 @@ def test_step_optimizer_errors(make_ctx: Any) -> None:
         ctx.step_optimizer(opt, auto_zero_grads=False)
     with pytest.raises(RuntimeError, match="only known once training has started"):
         ctx.step_optimizer(opt)
-    ctx._start_batch(0, 4)
+    _start_batch(ctx, 0, 4)
     with pytest.raises(ValueError, match="scaler was not wrapped"):
         ctx.step_optimizer(opt, scaler=torch.amp.GradScaler("cpu"))
     with pytest.raises(TypeError, match="clip_grads"):
@@ -227,7 +239,7 @@ def test_aggregation_steps_every_second_batch_with_the_average(make_ctx: Any, co
     opt = ctx.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     stepped = []
     for batch_idx, (x, y) in enumerate(DATA):
-        ctx._start_batch(batch_idx, 2)
+        _start_batch(ctx, batch_idx, 2)
         ctx.backward(((model(torch.tensor([[x]])) - y) ** 2).sum())
         ctx.step_optimizer(opt)
         stepped.append(ctx._optimizer_stepped_this_batch)
@@ -311,7 +323,7 @@ def test_manual_scaler_is_unscaled_before_clipping(make_ctx: Any) -> None:
     opt = ctx.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     scaler = ctx.wrap_scaler(torch.amp.GradScaler("cpu", init_scale=1024.0))
     norms: list[float] = []
-    ctx._start_batch(0, 1)
+    _start_batch(ctx, 0, 1)
     ctx.backward(scaler.scale(((model(torch.tensor([[1.0]])) - 3.0) ** 2).sum()))
     ctx.step_optimizer(opt, clip_grads=lambda ps: norms.append(float(ps[0].grad.abs())), scaler=scaler)
     scaler.update()
@@ -338,7 +350,7 @@ def _regression(ctx: PyTorchTrialContext, model: Any, opt: Any, steps: int = 60)
     y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
     losses = []
     for batch_idx in range(steps):
-        ctx._start_batch(batch_idx, steps)
+        _start_batch(ctx, batch_idx, steps)
         out = model(x)
         assert out.dtype == torch.float32
         loss = torch.nn.functional.mse_loss(out, y)
@@ -436,23 +448,24 @@ def test_position_getters(make_ctx: Any) -> None:
     for getter in (ctx.current_train_batch, ctx.current_train_epoch, ctx.is_epoch_start, ctx.is_epoch_end):
         with pytest.raises(RuntimeError, match="once training has started"):
             getter()
-    ctx._set_position(0, 3)
+    _start_batch(ctx, 0, 3)
     assert (ctx.current_train_batch(), ctx.current_train_epoch(), ctx.is_epoch_start(), ctx.is_epoch_end()) \
         == (0, 0, True, False)
-    ctx._set_position(5, 3)
+    _start_batch(ctx, 5, 3)
     assert (ctx.current_train_batch(), ctx.current_train_epoch(), ctx.is_epoch_start(), ctx.is_epoch_end()) \
         == (5, 1, False, True)
-    ctx._set_position(7, None, epoch_idx=2, batch_in_epoch=0)
-    assert (ctx.current_train_epoch(), ctx.is_epoch_start()) == (2, True)
+    clock = _start_batch(ctx, 7, None)
+    clock.begin_pass(2, 0)  # a loader without len: its pass says where the epoch is
+    assert (ctx.current_train_batch(), ctx.current_train_epoch(), ctx.is_epoch_start()) == (7, 2, True)
     with pytest.raises(RuntimeError, match="no len"):
         ctx.is_epoch_end()
-    ctx._set_position(8, None)
+    _start_batch(ctx, 8, None)
     assert ctx.current_train_batch() == 8
     for getter in (ctx.current_train_epoch, ctx.is_epoch_start, ctx.is_epoch_end):
         with pytest.raises(RuntimeError, match="no len"):
             getter()
     with pytest.raises(ValueError, match="epoch_len must be >= 1"):
-        ctx._set_position(1, 0)
+        _start_batch(ctx, 1, -1)
 
 
 def test_stop_requested(make_ctx: Any) -> None:
@@ -494,7 +507,7 @@ def test_set_profiler_writes_a_trace(make_ctx: Any) -> None:
     assert ctx._profiler is not None
     with ctx._profiler as profiler:
         for batch_idx in range(5):
-            ctx._start_batch(batch_idx, 5)
+            _start_batch(ctx, batch_idx, 5)
             ctx.backward(model(torch.randn(8, 4)).sum())
             ctx.step_optimizer(opt)
             profiler.step()

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 import determined_trials as det
+from determined_trials.loop import Clock
 from determined_trials.pytorch import PyTorchTrialContext
 
 # rank -> [(x, y) of batch 0, (x, y) of batch 1]; loss (w*x - y)^2, gradient 2(w*x - y)x at w=1
@@ -32,7 +33,11 @@ def ddp_aggregation(dist: Any, store_file: str, run_dir: str) -> dict[str, Any]:
             opt = ctx.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
             grads, stepped = [], []
             for batch_idx, (x, y) in enumerate(DATA[dist.rank]):
-                ctx._start_batch(batch_idx, 10)
+                clock = Clock(batches_trained=batch_idx)  # the batch loop's clock at this batch
+                clock.start(10)
+                clock.begin()
+                ctx._read_clock(clock.view)
+                ctx._start_batch()
                 loss = ((model(torch.tensor([[x]])) - y) ** 2).sum()
                 ctx.backward(loss)
                 grad = inner.weight.grad

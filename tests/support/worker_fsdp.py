@@ -29,8 +29,9 @@ def _count_background_saves() -> None:
     start = _dcp.start_sharded_save
 
     def counted(path: Any, trial: Any, context: Any, hooks: Any, group: Any, agree: Any) -> Any:
-        _background.append(context._batch_idx + 1 if context._batch_idx is not None else -1)
-        if _fail_rank_state and context._batch_idx + 1 == _fail_rank_state[0]:
+        batch_idx = context._clock.batch_idx
+        _background.append(batch_idx + 1 if batch_idx is not None else -1)
+        if _fail_rank_state and batch_idx is not None and batch_idx + 1 == _fail_rank_state[0]:
             (path / "rank_state").write_text("a file where the folder goes")  # this rank cannot prepare
         return start(path, trial, context, hooks, group, agree)
 

@@ -27,7 +27,7 @@ class _StoredState(str, enum.Enum):
 
 class RunState(_StoredState):
     """The state of an experiment or a trial (``experiments.state``, ``trials.state``): both go through the
-    same states, and a plain script's experiment ends as its one trial does. Not ``loop.TrialState`` (the
+    same states, and a plain script's experiment ends as its one trial does. Not ``loop.Clock`` (the
     training counters) nor a trial's ``status`` (the free-text line ``TrainContext.set_status`` writes)."""
 
     TERMINAL: ClassVar[frozenset[RunState]]  # ended for good: the store stamps the end time

@@ -13,7 +13,7 @@ import copy
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -64,6 +64,8 @@ class StreamOfPasses(StreamLifecycle):
     Per batch ``next()`` takes the loader's batch and counts it, nothing else: starting, ending and
     resuming passes happen where the loader's iterator raises ``StopIteration``.
     """
+
+    epochs_from_passes: ClassVar[bool] = True
 
     def __init__(self, loader: Any, dataset: Any, *, seed_of_epoch: Any, start_batch: int = 0) -> None:
         self._loader, self._dataset, self._seed_of_epoch = loader, dataset, seed_of_epoch

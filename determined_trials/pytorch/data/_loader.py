@@ -25,7 +25,7 @@ from determined_trials.pytorch.data._plan import (
 )
 from determined_trials.pytorch.data._samplers import DistributedBatchSampler, RepeatBatchSampler, SkipBatchSampler
 from determined_trials.pytorch.data._shard import is_stateful, is_stream, shard_stream
-from determined_trials.pytorch.data._stream import PositionSeededDataset, StreamBatchSampler, TrainingStream
+from determined_trials.pytorch.data._sized import PositionSeededDataset, StreamBatchSampler, TrainingStream
 from determined_trials.pytorch.data._worker_seeds import worker_seeded
 
 __all__ = ["DataLoader", "StreamReplayWarning", "ValidationLoader", "replay_warning", "require_opt_out"]

@@ -4,7 +4,7 @@ it is, one pass per epoch, and fail loudly on a pass without batches instead of 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sized
-from typing import Any
+from typing import Any, ClassVar
 
 from determined_trials.pytorch.data._stream import StreamLifecycle, shutdown_loader_iterator
 
@@ -28,6 +28,8 @@ class RawLoaderStream(StreamLifecycle):
     a pass that runs out ends the epoch, whatever its len said. A pass that yields no batch at all raises
     RuntimeError (a one-shot iterator that ran out, or an empty loader) instead of waiting forever.
     """
+
+    epochs_from_passes: ClassVar[bool] = True
 
     def __init__(self, loader: Any, start_batch: int = 0) -> None:
         if not isinstance(loader, Iterable):

@@ -15,7 +15,7 @@ from typing import Any
 import torch.utils.data
 
 from determined_trials.pytorch.data._shard import CountedPass, SavesCount, is_stateful
-from determined_trials.pytorch.data._stream import seed_process_rngs
+from determined_trials.pytorch.data._sized import seed_process_rngs
 
 __all__ = ["WorkerSeeded", "worker_seeded"]
 

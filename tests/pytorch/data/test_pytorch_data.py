@@ -16,7 +16,7 @@ import torch.utils.data
 
 from determined_trials.pytorch import DataLoader
 from determined_trials.pytorch.data._raw import is_reproducible_loader, wrap_raw_loader
-from determined_trials.pytorch.data._stream import TrainingStream
+from determined_trials.pytorch.data._sized import TrainingStream
 
 
 class CountingDataset(torch.utils.data.Dataset[Any]):
