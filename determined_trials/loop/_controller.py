@@ -173,7 +173,10 @@ class Controller:
         self._end_workload(target.full)
         if self._exit is not None:
             return True
-        if Boundary.VALIDATE in fired and state.last_validation != state.batches_trained:
+        # the run's (or the operation's) end always validates: before a checkpoint taken there, as at any boundary
+        at_end = state.batches_trained >= target.batches
+        validates = Boundary.VALIDATE in fired or (Boundary.CHECKPOINT in fired and at_end)
+        if validates and state.last_validation != state.batches_trained:
             self._validate()
             if self._should_stop():  # a stop asked for while validating (e.g. early stopping) is honoured now
                 return True

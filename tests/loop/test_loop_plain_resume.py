@@ -100,13 +100,7 @@ def test_a_run_ended_by_max_length_mid_epoch_goes_on_to_a_longer_one(tmp_path: P
     assert _final_state(second) == _final_state(uninterrupted)
 
 
-_CHECKPOINT_AT_THE_END = pytest.mark.xfail(strict=True, reason=(
-    "loop bug: when the checkpoint period fires at the last batch and the validation period does not, the "
-    "loop checkpoints before the final validation (Controller._workload, then _train's end), so the last "
-    "checkpoint holds last_validation < batches_trained and a resume validates that batch again"))
-
-
-@pytest.mark.parametrize("checkpoint_period", [None, pytest.param(Batch(3), marks=_CHECKPOINT_AT_THE_END)],
+@pytest.mark.parametrize("checkpoint_period", [None, Batch(3)],
                          ids=["checkpoint-at-the-end-only", "checkpoint-period-fires-at-the-end"])
 def test_a_run_resumed_at_its_length_trains_and_validates_nothing_more(
     tmp_path: Path, checkpoint_period: Batch | None,
