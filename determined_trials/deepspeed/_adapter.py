@@ -8,7 +8,6 @@ until the boundary (one host transfer, one allgather); only the ranks whose MPU 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from determined_trials.loop import (
     DataShape,
     HookRunner,
     SaveMode,
+    StopCheck,
     TrialAdapter,
     allgather,
     reduce_across_ranks,
@@ -93,15 +93,16 @@ class DeepSpeedAdapter(TrialAdapter):
             logger.warning("ranks' training loaders have different epoch lengths %s; using the shortest", lengths)
         return min(lengths)
 
-    def train(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
+    def train(self, num_batches: int, clock: Clock, should_stop: StopCheck) -> None:
         context, trial, engine = self._context, self._trial, self._engine
         calls, stream = self._calls, self._stream
+        counted = isinstance(stream, TrainingStream)  # a det.pytorch.DataLoader's stream counts micro-batches
         add_metrics, reducers = self._train_metrics.add, context.reducers
         reports, profiler = self._mpu.should_report_metrics, context._profiler
         for _ in range(num_batches):
             epoch_idx = clock.begin()[0]  # one batch; its epoch opens at its first batch
             batch_idx = clock.batches_trained
-            steps, position = engine.global_steps, getattr(stream, "position", None)
+            steps, position = engine.global_steps, stream.position if counted else None
             for _ in range(calls):
                 output = trial.train_batch(stream, epoch_idx, batch_idx)
                 if reports:
@@ -126,7 +127,7 @@ class DeepSpeedAdapter(TrialAdapter):
                    if self._calls > 1 else
                    f"train_batch must run all {self._gas} micro-batches (engine.backward + engine.step each)")
             )
-        if position is not None and isinstance(self._stream, TrainingStream):
+        if position is not None:
             taken = self._stream.position - position
             if taken != self._gas:
                 raise RuntimeError(

@@ -8,11 +8,14 @@ import dataclasses
 import enum
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from determined_trials.loop._clock import Clock
 
-__all__ = ["DataShape", "SaveMode", "ShardedAsyncSaver", "SnapshotSaver", "TrialAdapter"]
+if TYPE_CHECKING:
+    from determined_trials.core import PreemptContext
+
+__all__ = ["DataShape", "SaveMode", "ShardedAsyncSaver", "SnapshotSaver", "StopCheck", "TrialAdapter"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +78,24 @@ class ShardedAsyncSaver(Protocol):
         future on every rank before the chief publishes the checkpoint."""
 
 
+class StopCheck:
+    """The stop check the loop gives ``TrialAdapter.train``: call it after a batch; True means stop now (the
+    loop then knows why). ``decide`` is the same call without this object's ``__call__`` in between.
+
+    ``local_preempt`` is the ``PreemptContext`` when one process decides alone (else None): an adapter may
+    then read its ``signalled`` flag and its own stop flag itself and call the check only when one is set,
+    which decides the same. With several ranks every call is the ranks' agreed decision."""
+
+    __slots__ = ("decide", "local_preempt")
+
+    def __init__(self, decide: Callable[[], bool], local_preempt: PreemptContext | None = None) -> None:
+        self.decide = decide
+        self.local_preempt = local_preempt
+
+    def __call__(self) -> bool:
+        return self.decide()
+
+
 class TrialAdapter(Protocol):
     """Turns "train n batches", "evaluate", "save" and "load" into framework calls.
 
@@ -108,7 +129,7 @@ class TrialAdapter(Protocol):
         """Build the training data stream positioned after ``clock.batches_trained`` batches (the loop then
         starts the clock with the shape's epoch length); hand ``clock.view`` to whatever reads the position."""
 
-    def train(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
+    def train(self, num_batches: int, clock: Clock, should_stop: StopCheck) -> None:
         """Train up to ``num_batches`` batches; stop early after a batch where ``should_stop()`` is True.
 
         The adapter reports its batches to the clock (``loop/_clock.py``): ``begin`` or ``begin_pass``

@@ -9,12 +9,12 @@ import dataclasses
 import enum
 import logging
 import math
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from determined_trials.core import read_json_file, trial_progress
-from determined_trials.loop._adapter import DataShape, TrialAdapter
+from determined_trials.loop._adapter import DataShape, StopCheck, TrialAdapter
 from determined_trials.loop._checkpointing import CHECKPOINT_FORMAT, TRIAL_STATE_FILE, Checkpointer
 from determined_trials.loop._clock import Clock
 from determined_trials.loop._hooks import HookRunner
@@ -190,22 +190,17 @@ class Controller:
         trained = state.batches_trained
         return trained > 0 and rule is not None and rule.fires(trained) and state.last_validation != trained
 
-    def _stop_check(self) -> Callable[[], bool]:
+    def _stop_check(self) -> StopCheck:
         """The per-batch stop check for the adapter: on one process two flag reads, the full decision
-        (``_should_stop``) only once one is set; with several ranks the agreed decision every batch.
-
-        On one process the check carries ``local_preempt`` (the PreemptContext, whose ``signalled``
-        flag it reads): an adapter may read that flag and its own stop flag itself and call the check
-        only when one is set, which decides the same."""
+        (``_should_stop``) only once one is set; with several ranks the agreed decision every batch."""
         preempt, adapter_stop = self._core.preempt, self._adapter.stop_requested
         if not preempt.decides_locally:
-            return self._should_stop
+            return StopCheck(self._should_stop)
 
         def check() -> bool:
             return (preempt.signalled or adapter_stop()) and self._should_stop()
 
-        check.local_preempt = preempt  # type: ignore[attr-defined]
-        return check
+        return StopCheck(check, local_preempt=preempt)
 
     def _should_stop(self) -> bool:
         preempt, stop = self._core.preempt.check(stop_requested=self._adapter.stop_requested())

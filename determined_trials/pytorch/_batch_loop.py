@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from determined_trials.loop import Clock
+from determined_trials.loop import Clock, StopCheck
 from determined_trials.pytorch.data import TrainingBatches, TrainingStream
 from determined_trials.pytorch.metrics import TrainingMetrics
 
@@ -33,7 +33,7 @@ class BatchLoop:
     _kept_batches: list[Any] | None
     _after_first_batch: Callable[[], None] | None  # run once, after this process's first batch
 
-    def train(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
+    def train(self, num_batches: int, clock: Clock, should_stop: StopCheck) -> None:
         assert self._stream is not None, "start_training() first"
         if self._stream.epochs_from_passes:  # a raw loader or a stream: its epochs end when a pass does
             if self._after_first_batch is not None:
@@ -57,7 +57,7 @@ class BatchLoop:
         assert hook is not None
         hook()
 
-    def _train_run(self, limit: int, clock: Clock, should_stop: Callable[[], bool]) -> tuple[int, bool]:
+    def _train_run(self, limit: int, clock: Clock, should_stop: StopCheck) -> tuple[int, bool]:
         """Train up to ``limit`` batches of the current epoch in one tight loop: (batches trained, stopped).
 
         Per batch only what every batch needs runs: take the batch, move the clock's ``batch_idx``,
@@ -79,7 +79,7 @@ class BatchLoop:
         check_first = move is not None and context.device == CPU
         train_batch, iterator, tensor_type = self._trial.train_batch, stream.loader_iterator(), torch.Tensor
         last_of_epoch = first - in_epoch + stream.epoch_len - 1
-        preempt = getattr(should_stop, "local_preempt", None)
+        preempt, decide = should_stop.local_preempt, should_stop.decide
         trained = kept = 0
         stopped = finished = False
         try:
@@ -104,7 +104,7 @@ class BatchLoop:
                     self._finish_batch(batch_idx, epoch_idx, batch_idx == last_of_epoch)
                 trained += 1
                 # one process: read the two flags here, call the check only when one is set
-                if (preempt is None or preempt.signalled or context._stop_requested) and should_stop():
+                if (preempt is None or preempt.signalled or context._stop_requested) and decide():
                     stopped = True
                     break
             finished = True
@@ -131,7 +131,7 @@ class BatchLoop:
         if context._profiler is not None:
             context._profiler.step()
 
-    def _train_passes(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
+    def _train_passes(self, num_batches: int, clock: Clock, should_stop: StopCheck) -> None:
         """``train`` over a stream whose passes decide the epochs (a raw loader, an ``IterableDataset``), one
         batch at a time."""
         context, trial, stream = self._context, self._trial, self._stream
