@@ -51,7 +51,8 @@ def run(scenario: dict[str, Any], rank: int, checkpoints: dict[str, str]) -> dic
         stored = context._core.store.checkpoints(trial_id=context.get_trial_id())
         return {
             "rank": rank, "exit_reason": trainer.exit_reason.value, "weights": T.weights(trial.engine),
-            "events": trial.events, "calls": trial.calls, "global_steps": trial.engine.global_steps,
+            "events": trial.events, "calls": trial.calls, "eval_calls": trial.eval_calls,
+            "built_numel": getattr(trial, "built_numel", None), "zero_stage": trial.engine.zero_optimization_stage(), "global_steps": trial.engine.global_steps,
             "checkpoint": stored[-1].uuid if stored else None,
             "checkpoint_steps": stored[-1].steps_completed if stored else None,
             "stage": trial.engine.grid.get_stage_id() if context.use_pipeline_parallel else None,
