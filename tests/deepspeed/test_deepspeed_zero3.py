@@ -1,8 +1,9 @@
 """DeepSpeedTrial with ZeRO stage 3 on 2 real ranks (gloo on 127.0.0.1, ``torch_adam``, no JIT builds), one
 launch of tests/support/worker_deepspeed.py: the model built partitioned in ``context.zero_init``, trained
 against the plain PyTorch loop, validated on data that splits unevenly over the ranks (20 records in batches
-of 8: rank 0 gets 2 batches, rank 1 one; 8 records: rank 1 gets none), stopped mid-epoch and resumed
-bitwise, and its checkpoint consolidated into one plain ``state_dict``.
+of 8: rank 0 gets 2 batches, rank 1 one; 8 records: rank 1 gets none), stopped and resumed bitwise, its
+checkpoint consolidated into one plain ``state_dict``; and pretrained weights loaded into the partitioned
+model (the recipe of docs/deepspeed.md).
 
 Tolerances as in test_deepspeed_distributed.py (``atol=1e-6, rtol=1e-5`` against the plain loop: the same
 sums in another float32 order); resumed runs and the export must equal bitwise.
@@ -10,18 +11,13 @@ sums in another float32 order); resumed runs and the export must equal bitwise.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from support.helpers_paths import SUPPORT
+from support.helpers_deepspeed_plan import run_plan
 from trials_deepspeed import VALIDATION_RECORDS, data, make_model, plain_loop
 
 from determined_trials import deepspeed as det_ds
@@ -37,6 +33,7 @@ SCENARIOS: list[dict[str, Any]] = [
     {"name": "z3_resume", "trial": "DSTrial", "config": Z3, "resume": "z3_stop"},
     {"name": "z3_stop5", "trial": "DSTrial", "config": Z3, "stop_after": 4},
     {"name": "z3_resume5", "trial": "DSTrial", "config": Z3, "resume": "z3_stop5"},
+    {"name": "z3pretrained", "trial": "PretrainedTrial", "config": Z3},
     {"name": "z3small", "trial": "DSTrial", "config": {**Z3, "val_records": 8}},
 ]
 
@@ -44,28 +41,9 @@ SCENARIOS: list[dict[str, Any]] = [
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[dict[str, Any]]]]:
     tmp = tmp_path_factory.mktemp("ds3")
-    scenarios = [{**s, "run_dir": str(tmp / "run" / s["name"].split("_")[0])} for s in SCENARIOS]
-    plan = tmp / "plan.json"
-    plan.write_text(json.dumps({"out": str(tmp), "scenarios": scenarios}))
-    config = tmp / "launch.yaml"
-    config.write_text("resources: {slots_per_trial: 2}\nsearcher: {name: single, metric: val_loss, "
-                      "max_length: {batches: 1}}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(SUPPORT), env.get("PYTHONPATH", "")]), DET_DEEPSPEED_SHM_COMM="0")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "determined_trials.launch.torch_distributed", "--config", str(config), "--",
-         str(SUPPORT / "worker_deepspeed.py"), str(plan)],
-        env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:  # a hung collective: take the launcher and its ranks down
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail("the ZeRO-3 job hung (240 s):\n" + output[-6000:])
-    assert proc.returncode == 0, output[-8000:]
-    return tmp, {s["name"]: [json.loads((tmp / f"{s['name']}-rank{r}.json").read_text()) for r in (0, 1)]
-                 for s in SCENARIOS}
+    returncode, output, by_name = run_plan(tmp, SCENARIOS, timeout=240)
+    assert returncode == 0, output[-8000:]
+    return tmp, by_name
 
 
 def _one_rank_val_loss(weights: list[list[float]], records: int) -> float:
@@ -87,6 +65,11 @@ def test_a_zero3_model_built_partitioned_trains_like_the_plain_loop(results: Any
     for got, want in zip(ranks[0]["weights"], plain_loop(LENGTH, 16)):
         np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5)
     assert [r["global_steps"] for r in ranks] == [LENGTH] * 2 and [r["calls"] for r in ranks] == [2 * LENGTH] * 2
+
+
+def test_pretrained_weights_load_into_the_partitioned_model(results: Any) -> None:
+    ranks = results[1]["z3pretrained"]  # built from other weights, then given the plain loop's initial ones
+    assert ranks[0]["weights"] == ranks[1]["weights"] == results[1]["z3"][0]["weights"]
 
 
 @pytest.mark.parametrize(("name", "records", "calls"), [("z3", VALIDATION_RECORDS, 2), ("z3small", 8, 1)])

@@ -68,8 +68,7 @@ class DSTrial(det_ds.DeepSpeedTrial):
 
         self.context = context
         hp = context.get_hparams()
-        with context.zero_init(ds_config(hp)):  # a no-op below ZeRO stage 3
-            model = make_model(hp.get("dropout", 0.0))
+        model = self.build_model(hp)
         self.built_numel = sum(p.numel() for p in model.parameters())  # 0 when built partitioned (ZeRO-3)
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(hp))
         self.engine = context.wrap_model_engine(engine)
@@ -77,6 +76,10 @@ class DSTrial(det_ds.DeepSpeedTrial):
         self.stop_after = stop_after
         self.calls = self.eval_calls = 0
         self.sum_reducer = context.wrap_reducer(lambda values: float(sum(values)), name="records_seen")
+
+    def build_model(self, hp: dict[str, Any]) -> nn.Module:
+        with self.context.zero_init(ds_config(hp)):  # a no-op below ZeRO stage 3
+            return make_model(hp.get("dropout", 0.0))
 
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
         return {"recorder": Recorder(self.events)}
@@ -104,6 +107,28 @@ class DSTrial(det_ds.DeepSpeedTrial):
         x, y = self.context.to_device(next(dataloader_iter))
         self.eval_calls += 1
         return {"val_loss": nn.functional.mse_loss(self.engine(x), y)}
+
+
+class PretrainedTrial(DSTrial):
+    """DSTrial whose model, built (partitioned under ZeRO-3) from other random weights, gets the plain loop's
+    initial weights from a state_dict that only rank 0 reads: the recipe of docs/deepspeed.md."""
+
+    def build_model(self, hp: dict[str, Any]) -> nn.Module:
+        import deepspeed
+
+        rank = self.context.distributed.get_rank()
+        seed_everything(SEED)
+        pretrained = make_model().state_dict() if rank == 0 else None  # e.g. torch.load(path, mmap=True)
+        torch.manual_seed(SEED + 1)
+        with self.context.zero_init(ds_config(hp)):
+            model = make_model()
+        with torch.no_grad():
+            for name, param in model.named_parameters():  # one parameter whole at a time
+                with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                    if rank == 0:
+                        assert pretrained is not None
+                        param.copy_(pretrained[name])
+        return model
 
 
 def weights(engine: Any) -> list[list[float]]:
