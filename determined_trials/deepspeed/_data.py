@@ -60,7 +60,7 @@ class CountingIterator:
     """Iterates ``loader`` and counts the records of the batches handed out since ``take_records()``.
 
     With ``padding`` (ZeRO-3 on several ranks: every forward is a collective, so every rank must make
-    as many), a ``loader`` that runs out hands out ``padding()`` (a batch of the same data) instead,
+    as many), a ``loader`` that runs out hands out its last batch again (``padding()`` when it had none),
     counted as no records; ``take_records()`` then says the call saw padding only (None)."""
 
     def __init__(self, loader: Any, padding: Callable[[], Any] | None = None) -> None:
