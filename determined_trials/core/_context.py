@@ -166,7 +166,8 @@ class Context:
         (config, run_path), trial = self._tracking, self.info.trial
         facts = TrialFacts(trial=trial, experiment_name=self.store.experiment(trial.experiment_id).name,
                            searcher_metric=config.searcher.metric, run_dir=str(run_path))
-        return open_forwarder(self.store, facts, config.integrations)
+        before_pass = self._parts.train._flush_due_reports if self._parts is not None else None
+        return open_forwarder(self.store, facts, config.integrations, before_pass=before_pass)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
