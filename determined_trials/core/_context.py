@@ -96,7 +96,7 @@ class Context:
         self._config_written = config_written  # False when init() made up the config (no config, no launcher)
         self._tracking = tracking  # the config naming trackers, the run folder
         self._trackers: TrackerForwarder | None = None
-        self._ending = Outcome.PAUSED  # until __exit__ says how the trial ended: only covered rows are final
+        self._ending = Outcome.PAUSED  # until __exit__ says how the trial ended
 
     @property
     def info(self) -> ClusterInfo:

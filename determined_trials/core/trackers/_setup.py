@@ -69,7 +69,7 @@ def _check_mlflow_server(uri: str) -> None:
 def settle_trial_runs(store: LocalStore, config: ExperimentConfig, trial_id: int, outcome: Outcome, *,
                       timeout_s: float = 15.0) -> None:
     """The runner's last word on a trial that ended for good without its process saying so (restarts used up,
-    experiment killed): send the reports that are final now and set each existing run's status."""
+    experiment killed): send the reports its process had not sent and set each existing run's status."""
     if config.integrations.mlflow is None and config.integrations.wandb is None:
         return
     if not store.tracker_runs(trial_id):
