@@ -102,6 +102,24 @@ def _confirm(question: str) -> bool:
     return input(question).strip().lower() in ("y", "yes")
 
 
+_TRACKER_NAMES = {"mlflow": "MLflow", "wandb": "W&B"}
+
+
+def _tracker_pairs(store: LocalStore, trial_id: int) -> list[tuple[str, str | None]]:
+    """Each tracker's run of the trial, and the points it holds that a restart superseded with other values."""
+    pairs: list[tuple[str, str | None]] = []
+    for tracker, run in store.tracker_runs(trial_id).items():
+        name = _TRACKER_NAMES.get(tracker, tracker)
+        pairs.append((f"{name} run", run["run_id"] + (f" ({run['url']})" if run["url"] else "")))
+        held: dict[str, list[int]] = run["progress"].get("held", {})
+        if held:
+            steps = sorted({step for each in held.values() for step in each})
+            shown = ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
+            pairs.append((f"{name} superseded", f"{name} holds {sum(map(len, held.values()))} superseded points "
+                                                 f"(steps {shown}; the store's values are current)"))
+    return pairs
+
+
 def _describe(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
     release_dead_owners(store)
@@ -125,6 +143,7 @@ def _describe(args: argparse.Namespace) -> int:
         ("checkpoints", str(len(checkpoints))),
         ("latest checkpoint", f"{latest.uuid} (step {latest.steps_completed})" if latest else None),
         *_search.lineage_pairs(trial),
+        *_tracker_pairs(store, trial.id),
     ]
     for group in ("training", "validation"):
         records = store.metrics(trial.id, group)

@@ -96,7 +96,7 @@ class Context:
         self._config_written = config_written  # False when init() made up the config (no config, no launcher)
         self._tracking = tracking  # the config naming trackers, the run folder
         self._trackers: TrackerForwarder | None = None
-        self._ending = Outcome.PAUSED  # until __exit__ says how the trial ended: only covered rows are final
+        self._ending = Outcome.PAUSED  # until __exit__ says how the trial ended
 
     @property
     def info(self) -> ClusterInfo:
@@ -166,7 +166,8 @@ class Context:
         (config, run_path), trial = self._tracking, self.info.trial
         facts = TrialFacts(trial=trial, experiment_name=self.store.experiment(trial.experiment_id).name,
                            searcher_metric=config.searcher.metric, run_dir=str(run_path))
-        return open_forwarder(self.store, facts, config.integrations)
+        before_pass = self._parts.train._flush_due_reports if self._parts is not None else None
+        return open_forwarder(self.store, facts, config.integrations, before_pass=before_pass)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -178,6 +178,10 @@ class TrainContext:
         """Store the reports still held back (see ``report_training_metrics``)."""
         self._reports.flush()
 
+    def _flush_due_reports(self) -> None:
+        """Store the reports held for ``HOLD_S`` or longer (a tracker's forwarder calls it, from its thread)."""
+        self._reports.flush_due()
+
     def close(self) -> None:
         """Store the held-back reports, progress and status; close the TensorBoard event file."""
         try:

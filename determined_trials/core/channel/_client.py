@@ -187,14 +187,18 @@ class RemoteStore:
     def set_tracker_run(self, trial_id: int, tracker: str, run_id: str, url: str | None = None) -> None:
         self.call("set_tracker_run", trial_id, tracker, run_id, url)
 
-    def set_tracker_forwarded(self, trial_id: int, tracker: str, metric_id: int) -> None:
-        self.call("set_tracker_forwarded", trial_id, tracker, metric_id)
+    def set_tracker_forwarded(self, trial_id: int, tracker: str, metric_id: int,
+                              progress: dict[str, Any] | None = None) -> None:
+        self.call("set_tracker_forwarded", trial_id, tracker, metric_id, progress)
 
     def add_tracker_checkpoint(self, trial_id: int, tracker: str, uuid: str) -> None:
         self.call("add_tracker_checkpoint", trial_id, tracker, uuid)
 
-    def final_metrics(self, trial_id: int, after_id: int, *, ended: bool, limit: int = 1000) -> list[MetricRecord]:
-        return self.call("final_metrics", trial_id, after_id, ended=ended, limit=limit)
+    def metrics_after(self, trial_id: int, after_id: int, *, limit: int = 1000) -> list[MetricRecord]:
+        return self.call("metrics_after", trial_id, after_id, limit=limit)
+
+    def metrics_at(self, trial_id: int, group: str, steps_completed: int, before_id: int) -> list[MetricRecord]:
+        return self.call("metrics_at", trial_id, group, steps_completed, before_id)
 
     if not TYPE_CHECKING:  # at run time only: for the type checker, a method outside the contract does not exist
         def __getattr__(self, name: str) -> Any:

@@ -38,6 +38,12 @@ class ReportBuffer:
         if now or time.monotonic() - self._stored_at >= HOLD_S:
             self.flush()
 
+    def flush_due(self) -> None:
+        """Store the held reports if the last store was ``HOLD_S`` ago (any thread: a tracker's forwarder calls it,
+        so a report followed by none for a while is stored all the same)."""
+        if self._held and time.monotonic() - self._stored_at >= HOLD_S:
+            self.flush()
+
     def flush(self) -> None:
         """Store the held reports (in the order they were reported); nothing to do when none is held."""
         with self._lock:

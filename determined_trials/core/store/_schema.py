@@ -8,7 +8,7 @@ from pathlib import Path
 
 __all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "connect", "ensure_schema"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 BUSY_TIMEOUT_S = 60.0
 
 # Columns added after a table was first released: (table, column, declaration). A file written by an older
@@ -19,6 +19,7 @@ _ADDED_COLUMNS: list[tuple[str, str, str]] = [
     ("trials", "search_round", "INTEGER"),  # and the round (from 1) it started in
     ("metrics", "superseded_time", "REAL"),
     ("tracker_runs", "checkpoints_forwarded", "TEXT NOT NULL DEFAULT '[]'"),  # uuids the tracker has recorded
+    ("tracker_runs", "progress", "TEXT NOT NULL DEFAULT '{}'"),  # what of the trial's rows the run holds (JSON)
 ]
 
 # The state columns hold ``_states``' values; their defaults are the first states
@@ -99,6 +100,7 @@ CREATE TABLE IF NOT EXISTS tracker_runs (
     url          TEXT,
     forwarded_id INTEGER NOT NULL DEFAULT 0,
     checkpoints_forwarded TEXT NOT NULL DEFAULT '[]',
+    progress     TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (trial_id, tracker)
 );
 """

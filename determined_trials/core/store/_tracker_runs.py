@@ -1,6 +1,6 @@
 """The store's record of each trial's run in an experiment tracker (MLflow, W&B): the run id every attempt of
-the trial resumes into, its link, how far the trial's metric rows have been forwarded, the checkpoints it has
-recorded, and which rows are final."""
+the trial resumes into, its link, how far the trial's metric rows have been forwarded (and what of them the run
+holds), the checkpoints it has recorded, and the rows the forwarder reads."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 from determined_trials.core.store import _records as _rec
 from determined_trials.core.store._connection import StoreConnection
 from determined_trials.core.store._records import MetricRecord
-from determined_trials.core.store._states import CheckpointState
 
 __all__ = ["TrackerRuns"]
 
@@ -19,8 +18,9 @@ class TrackerRuns(StoreConnection):
     """Tracker runs of trials (one per trial and tracker) and the metric rows ready to forward to them."""
 
     def tracker_run(self, trial_id: int, tracker: str) -> dict[str, Any] | None:
-        """``{"run_id", "url", "forwarded_id", "checkpoints"}`` of the trial's run in ``tracker`` (``checkpoints``:
-        the uuids it has recorded), or ``None`` before one exists."""
+        """``{"run_id", "url", "forwarded_id", "checkpoints", "progress"}`` of the trial's run in ``tracker``
+        (``checkpoints``: the uuids it has recorded; ``progress``: the forwarder's record of what the run holds,
+        see ``trackers``), or ``None`` before one exists."""
         rows = self._read(f"SELECT {_COLUMNS} FROM tracker_runs WHERE trial_id = ? AND tracker = ?",
                           (int(trial_id), str(tracker)))
         return _run_from_row(rows[0]) if rows else None
@@ -40,12 +40,15 @@ class TrackerRuns(StoreConnection):
             (int(trial_id), str(tracker), str(run_id), url),
         )
 
-    def set_tracker_forwarded(self, trial_id: int, tracker: str, metric_id: int) -> None:
-        """Every final metric row of the trial up to ``metric_id`` has reached ``tracker``'s run."""
+    def set_tracker_forwarded(self, trial_id: int, tracker: str, metric_id: int,
+                              progress: dict[str, Any] | None = None) -> None:
+        """The forwarder has dealt with every metric row of the trial up to ``metric_id`` for ``tracker``'s run
+        (sent it, or left it: see ``progress``, kept with it when given)."""
         self._update(
             "tracker run", (trial_id, tracker),
-            "UPDATE tracker_runs SET forwarded_id = MAX(forwarded_id, ?) WHERE trial_id = ? AND tracker = ?",
-            (int(metric_id), int(trial_id), str(tracker)),
+            "UPDATE tracker_runs SET forwarded_id = MAX(forwarded_id, ?), progress = COALESCE(?, progress) "
+            "WHERE trial_id = ? AND tracker = ?",
+            (int(metric_id), None if progress is None else json.dumps(progress), int(trial_id), str(tracker)),
         )
 
     def add_tracker_checkpoint(self, trial_id: int, tracker: str, uuid: str) -> None:
@@ -60,25 +63,25 @@ class TrackerRuns(StoreConnection):
             (json.dumps([*known["checkpoints"], str(uuid)]), int(trial_id), str(tracker)),
         )
 
-    def final_metrics(self, trial_id: int, after_id: int, *, ended: bool, limit: int = 1000) -> list[MetricRecord]:
-        """The trial's metric rows after row ``after_id`` that no restart can take back, in report order: those
-        a completed checkpoint covers (steps at most its steps) or, once the trial has ``ended``, all of them;
-        never a superseded one (a restart from an earlier checkpoint took it back)."""
-        covered = "" if ended else (
-            " AND steps_completed <= (SELECT COALESCE(MAX(steps_completed), -1) FROM checkpoints "
-            "WHERE trial_id = ? AND state = ?)")
-        params: tuple[Any, ...] = (int(trial_id), int(after_id))
-        if not ended:
-            params += (int(trial_id), CheckpointState.COMPLETED)
-        rows = self._read(f"SELECT * FROM metrics WHERE trial_id = ? AND id > ? AND superseded_time IS NULL{covered} "
-                          "ORDER BY id LIMIT ?",
-                          (*params, int(limit)))
+    def metrics_after(self, trial_id: int, after_id: int, *, limit: int = 1000) -> list[MetricRecord]:
+        """The trial's metric rows after row ``after_id``, in report (id) order, superseded ones included (their
+        ``superseded_time`` says so): what a tracker's forwarder looks at next."""
+        rows = self._read("SELECT * FROM metrics WHERE trial_id = ? AND id > ? ORDER BY id LIMIT ?",
+                          (int(trial_id), int(after_id), int(limit)))
+        return [_rec.metric_from_row(r) for r in rows]
+
+    def metrics_at(self, trial_id: int, group: str, steps_completed: int, before_id: int) -> list[MetricRecord]:
+        """The trial's rows of ``group`` at ``steps_completed`` reported before row ``before_id`` (superseded ones
+        included), in report order: what earlier attempts reported at a step a restart reports again."""
+        rows = self._read("SELECT * FROM metrics WHERE trial_id = ? AND steps_completed = ? AND grp = ? AND id < ? "
+                          "ORDER BY id", (int(trial_id), int(steps_completed), str(group), int(before_id)))
         return [_rec.metric_from_row(r) for r in rows]
 
 
-_COLUMNS = "run_id, url, forwarded_id, checkpoints_forwarded"
+_COLUMNS = "run_id, url, forwarded_id, checkpoints_forwarded, progress"
 
 
 def _run_from_row(row: Any) -> dict[str, Any]:
     return {"run_id": row["run_id"], "url": row["url"], "forwarded_id": int(row["forwarded_id"]),
-            "checkpoints": list(json.loads(row["checkpoints_forwarded"]))}
+            "checkpoints": list(json.loads(row["checkpoints_forwarded"])),
+            "progress": dict(json.loads(row["progress"]))}

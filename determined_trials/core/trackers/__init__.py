@@ -1,7 +1,7 @@
 """Experiment trackers (MLflow, Weights & Biases): one tracker run per trial, resumed by every later attempt of
-the trial, fed from the store by a background forwarder on the chief rank (``_forwarder``) with the metric rows no
-restart can take back; the runs' clients (``_mlflow``, ``_wandb``: imported lazily, only when configured) and the
-checks made before any trial runs (``_setup``).
+the trial, fed from the store by a background forwarder on the chief rank (``_forwarder``) with each metric row as it
+is stored and no step twice (``_progress``); the runs' clients (``_mlflow``, ``_wandb``: imported lazily, only when
+configured) and the checks made before any trial runs (``_setup``).
 
 May import: errors, _info, config, core.store
 """

@@ -1,9 +1,8 @@
-"""``TrackerForwarder``: a daemon thread on the chief rank that sends a trial's final metric rows and checkpoints
-from the store to its tracker runs, records how far each run has got, and retries while a tracker is away.
+"""``TrackerForwarder``: a daemon thread on the chief rank that sends a trial's metric rows and checkpoints from the
+store to its tracker runs as they are stored, records how far each run has got, and retries while a tracker is away.
 
-Nothing here runs on the training thread: the loop only writes to the store, as without trackers. A row is sent
-once it is final (a completed checkpoint covers it, or the trial has ended), so a restart that takes back rows
-after its checkpoint never leaves a step twice in a tracker that cannot delete points.
+Nothing here runs on the training thread: the loop only writes to the store, as without trackers. Each row goes
+out within about a second of being stored; the steps a restart reports again are not sent twice (``_progress``).
 """
 
 from __future__ import annotations
@@ -12,9 +11,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from determined_trials.core.store import TrialStore
+from determined_trials.core.store import MetricRecord, TrialStore
+from determined_trials.core.trackers._progress import Progress, plan
 from determined_trials.core.trackers._sink import Outcome, Sink
 
 __all__ = ["FINISH_TIMEOUT_ENV", "Outcome", "TrackerForwarder"]
@@ -22,19 +22,19 @@ __all__ = ["FINISH_TIMEOUT_ENV", "Outcome", "TrackerForwarder"]
 logger = logging.getLogger("determined_trials.trackers")
 
 FINISH_TIMEOUT_ENV = "DET_TRACKER_FINISH_TIMEOUT"
-_POLL_S = 1.0  # how often new final rows are looked for between wake-ups
+_POLL_S = 1.0  # how often new rows are looked for
 _MAX_BACKOFF_S = 30.0
 _BATCH_ROWS = 500
 
 
 class _Run:
-    """One sink's progress: its run id once attached, the metric watermark, the checkpoints it has recorded (all
-    three kept in the store, so a later process of the trial starts where this one stopped)."""
+    """One sink's progress: its run id once attached, what it holds of the trial's rows, the checkpoints it has
+    recorded (all three kept in the store, so a later process of the trial starts where this one stopped)."""
 
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
         self.run_id: str | None = None
-        self.forwarded = 0
+        self.progress = Progress()
         self.checkpoints: set[str] = set()
         self.closed = False
         self.failures = 0
@@ -43,11 +43,14 @@ class _Run:
 
 
 class TrackerForwarder:
-    """Forwards trial ``trial_id``'s final rows to each sink (looking every ``poll_s``); ``start`` it, then
-    ``finish`` it with the trial's outcome (a last pass, then each run's status)."""
+    """Forwards trial ``trial_id``'s rows to each sink (looking every ``poll_s``, after calling ``before_pass``,
+    e.g. to store reports the trial holds); ``start`` it, then ``finish`` it with the trial's outcome (a last pass,
+    then each run's status)."""
 
-    def __init__(self, store: TrialStore, trial_id: int, sinks: Sequence[Sink], *, poll_s: float = _POLL_S) -> None:
+    def __init__(self, store: TrialStore, trial_id: int, sinks: Sequence[Sink], *, poll_s: float = _POLL_S,
+                 before_pass: Callable[[], None] | None = None) -> None:
         self._store = store
+        self._before_pass = before_pass
         self._trial_id = trial_id
         self._runs = [_Run(sink) for sink in sinks]
         self._poll_s = poll_s
@@ -61,7 +64,7 @@ class TrackerForwarder:
         return self
 
     def finish(self, outcome: Outcome, timeout_s: float | None = None) -> None:
-        """Send what is final after ``outcome``, end each run with its status; wait at most ``timeout_s``."""
+        """Send what is left, end each run with its status ``outcome`` stands for; wait at most ``timeout_s``."""
         if timeout_s is None:
             timeout_s = float(os.environ.get(FINISH_TIMEOUT_ENV, "30"))
         self._deadline = time.monotonic() + timeout_s
@@ -80,6 +83,7 @@ class TrackerForwarder:
             now = time.monotonic()
             if outcome is not None and now >= self._deadline:
                 return
+            self._store_held_reports(outcome)
             for run in self._runs:
                 if not run.closed and now >= run.retry_at:
                     self._step(run, outcome)
@@ -93,10 +97,18 @@ class TrackerForwarder:
             self._wake.wait(max(wait, 0.0))
             self._wake.clear()
 
+    def _store_held_reports(self, outcome: Outcome | None) -> None:
+        if self._before_pass is None or outcome is not None:  # finishing: the trial stored its last reports
+            return
+        try:
+            self._before_pass()
+        except Exception as exc:  # the trial's own store call reports the problem; keep forwarding
+            logger.debug("trackers: storing the held reports failed: %s", exc)
+
     def _step(self, run: _Run, outcome: Outcome | None) -> None:
         try:
             self._attach(run)
-            self._send_rows(run, ended=outcome is not None and outcome.ended)
+            self._send_rows(run)
             self._send_checkpoints(run)
             if outcome is not None:
                 run.sink.close(outcome)
@@ -129,20 +141,31 @@ class TrackerForwarder:
         url = run.sink.resume(known["run_id"])
         if url != known["url"]:
             self._store.set_tracker_run(self._trial_id, run.sink.name, known["run_id"], url)
-        run.run_id, run.forwarded = known["run_id"], int(known["forwarded_id"])
+        run.run_id = known["run_id"]
+        run.progress = Progress.from_record(known["forwarded_id"], known["progress"])
         run.checkpoints = set(known["checkpoints"])
 
-    def _send_rows(self, run: _Run, *, ended: bool) -> None:
+    def _send_rows(self, run: _Run) -> None:
         while True:
-            rows = self._store.final_metrics(self._trial_id, run.forwarded, ended=ended, limit=_BATCH_ROWS)
+            rows = self._store.metrics_after(self._trial_id, run.progress.forwarded, limit=_BATCH_ROWS)
             if not rows:
                 return
-            run.sink.log(rows)
-            last = max(row.id for row in rows)
-            self._store.set_tracker_forwarded(self._trial_id, run.sink.name, last)
-            run.forwarded = last
+            send, progress = plan(run.progress, rows, self._earlier)
+            if send:
+                run.sink.log(send)
+            self._store.set_tracker_forwarded(self._trial_id, run.sink.name, progress.forwarded, progress.as_json())
+            if progress.held.keys() - run.progress.held.keys():
+                logger.warning("trackers: trial %d reported other values for %s after its restart than %s was sent "
+                               "before it; the run keeps the first values, the store has the new ones "
+                               "(`det-trials trial describe %d` counts them)", self._trial_id,
+                               ", ".join(sorted(progress.held.keys() - run.progress.held.keys())), run.sink.name,
+                               self._trial_id)
+            run.progress = progress
             if len(rows) < _BATCH_ROWS:
                 return
+
+    def _earlier(self, row: MetricRecord) -> list[MetricRecord]:
+        return self._store.metrics_at(self._trial_id, row.group, row.steps_completed, row.id)
 
     def _send_checkpoints(self, run: _Run) -> None:
         for checkpoint in self._store.checkpoints(trial_id=self._trial_id):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from determined_trials._info import TrialInfo
@@ -68,7 +69,7 @@ def _check_mlflow_server(uri: str) -> None:
 def settle_trial_runs(store: LocalStore, config: ExperimentConfig, trial_id: int, outcome: Outcome, *,
                       timeout_s: float = 15.0) -> None:
     """The runner's last word on a trial that ended for good without its process saying so (restarts used up,
-    experiment killed): send the reports that are final now and set each existing run's status."""
+    experiment killed): send the reports its process had not sent and set each existing run's status."""
     if config.integrations.mlflow is None and config.integrations.wandb is None:
         return
     if not store.tracker_runs(trial_id):
@@ -83,10 +84,10 @@ def settle_trial_runs(store: LocalStore, config: ExperimentConfig, trial_id: int
         forwarder.finish(outcome, timeout_s)
 
 
-def open_forwarder(store: TrialStore, facts: TrialFacts, integrations: Integrations, *,
-                   only_existing: bool = False) -> TrackerForwarder | None:
+def open_forwarder(store: TrialStore, facts: TrialFacts, integrations: Integrations, *, only_existing: bool = False,
+                   before_pass: Callable[[], None] | None = None) -> TrackerForwarder | None:
     """The started forwarder of the trial's tracker runs (``only_existing``: of the runs it has already), or
-    ``None`` when there is none to feed."""
+    ``None`` when there is none to feed; ``before_pass`` runs before each look at the store."""
     sinks: list[Sink] = []
     if integrations.mlflow is not None:
         from determined_trials.core.trackers._mlflow import MlflowSink
@@ -98,4 +99,6 @@ def open_forwarder(store: TrialStore, facts: TrialFacts, integrations: Integrati
         sinks.append(WandbSink(integrations.wandb, facts))
     if only_existing:
         sinks = [sink for sink in sinks if store.tracker_run(facts.trial.trial_id, sink.name) is not None]
-    return TrackerForwarder(store, facts.trial.trial_id, sinks).start() if sinks else None
+    if not sinks:
+        return None
+    return TrackerForwarder(store, facts.trial.trial_id, sinks, before_pass=before_pass).start()

@@ -29,8 +29,8 @@ def test_an_older_file_gets_the_added_columns_and_the_new_version(
 
 
 def test_a_version_4_tracker_run_reads_no_recorded_checkpoints_then_records_them(tmp_path: Path) -> None:
-    """Schema 4's ``tracker_runs`` had no ``checkpoints_forwarded``: the run opens with none recorded, and a
-    checkpoint added is listed once however often it is added."""
+    """Schema 4's ``tracker_runs`` had no ``checkpoints_forwarded`` (nor schema 5's ``progress``): the run opens with
+    none recorded and an empty progress, and a checkpoint added is listed once however often it is added."""
     from determined_trials.core.store._local import LocalStore
 
     db_path = tmp_path / "store.sqlite"
@@ -39,12 +39,14 @@ def test_a_version_4_tracker_run_reads_no_recorded_checkpoints_then_records_them
     conn.execute("INSERT INTO experiments (name, config, start_time) VALUES ('old', '{}', 0)")
     conn.execute("INSERT INTO trials (experiment_id, hparams, seed, start_time) VALUES (1, '{}', 0, 0)")
     conn.execute("ALTER TABLE tracker_runs DROP COLUMN checkpoints_forwarded")
+    conn.execute("ALTER TABLE tracker_runs DROP COLUMN progress")
     conn.execute("INSERT INTO tracker_runs (trial_id, tracker, run_id) VALUES (1, 'mlflow', 'r1')")
     conn.execute("DELETE FROM schema_version WHERE version > 4")
     conn.close()
 
     store = LocalStore(tmp_path)
-    assert store.tracker_run(1, "mlflow") == {"run_id": "r1", "url": None, "forwarded_id": 0, "checkpoints": []}
+    assert store.tracker_run(1, "mlflow") == {"run_id": "r1", "url": None, "forwarded_id": 0, "checkpoints": [],
+                                              "progress": {}}
     for uuid in ("a", "b", "a"):
         store.add_tracker_checkpoint(1, "mlflow", uuid)
     assert store.tracker_runs(1)["mlflow"]["checkpoints"] == ["a", "b"]
