@@ -230,6 +230,9 @@ def _trial_fit(args: argparse.Namespace, ckpt: bool, run_dir: Path, region: Regi
     with pytorch.init(exp_conf=config, run_dir=str(run_dir)) as context:
         trial = _trial_class(args)(context)
         trainer = pytorch.Trainer(trial, context)
+        # settle the trial and build its parts (its train context, TensorBoard writer, trackers): init()'s work
+        # until the trial's identity was settled lazily, kept outside the timing as before
+        _ = context._core.train
         reporting: dict[str, Any] = {} if args.variant else {"reporting_period": pytorch.Batch(args.report)}
         start, cpu_start = time.perf_counter(), time.process_time()
         region(lambda: trainer.fit(
