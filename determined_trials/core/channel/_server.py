@@ -97,8 +97,9 @@ class StoreChannelServer:
                 continue
             frames = self._socket.recv_multipart()
             ident, body = frames[0], frames[-1]
-            self._socket.send_multipart([ident, b"", self._answer(body)])
-            self.requests += 1
+            answer = self._answer(body)
+            self.requests += 1  # before the reply: a caller that has its answer sees its request counted
+            self._socket.send_multipart([ident, b"", answer])
 
     def _answer(self, body: bytes) -> bytes:
         try:
