@@ -8,7 +8,7 @@ from pathlib import Path
 
 __all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "connect", "ensure_schema"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 BUSY_TIMEOUT_S = 60.0
 
 # Columns added after a table was first released: (table, column, declaration). A file written by an older
@@ -100,6 +100,12 @@ CREATE TABLE IF NOT EXISTS tracker_runs (
     forwarded_id INTEGER NOT NULL DEFAULT 0,
     checkpoints_forwarded TEXT NOT NULL DEFAULT '[]',
     PRIMARY KEY (trial_id, tracker)
+);
+CREATE TABLE IF NOT EXISTS trial_time (
+    trial_id INTEGER NOT NULL REFERENCES trials(id),
+    part     TEXT NOT NULL,  -- a part of _trial_time.TIME_PARTS, wall, or the marks _reached and _open
+    seconds  REAL NOT NULL,
+    PRIMARY KEY (trial_id, part)
 );
 """
 
