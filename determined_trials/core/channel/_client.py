@@ -155,7 +155,7 @@ class RemoteStore:
         self.call("mark_checkpoint_deleted", uuid)
 
     def add_trial_time(self, trial_id: int, parts: Mapping[str, float], batches_reached: int | None = None) -> None:
-        self.call("add_trial_time", trial_id, dict(parts), batches_reached)
+        self.call("add_trial_time", trial_id, parts, batches_reached)
 
     def experiment(self, experiment_id: int) -> Experiment:
         return self.call("experiment", experiment_id)
