@@ -175,10 +175,12 @@ class Controller:
         else:
             end = schedule.next_boundary(state.batches_trained, target.batches)
         began, first = time.perf_counter(), state.batches_trained
-        self._adapter.train(end - first, state, self._stop_check())
-        fired = schedule.fired(state.batches_trained, target.batches)
-        self._end_workload(target.full)
-        self._timer.trained(time.perf_counter() - began, first, state.batches_trained, self._data_wait())
+        try:
+            self._adapter.train(end - first, state, self._stop_check())
+            fired = schedule.fired(state.batches_trained, target.batches)
+            self._end_workload(target.full)
+        finally:  # a failed workload's batches count too: a restart trains them again (replay)
+            self._timer.trained(time.perf_counter() - began, first, state.batches_trained, self._data_wait())
         if self._exit is not None:
             return True
         # the run's (or the operation's) end always validates: before a checkpoint taken there, as at any boundary

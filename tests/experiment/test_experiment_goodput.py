@@ -141,7 +141,7 @@ def test_the_parts_of_a_restarted_paused_and_validated_trial_add_up_to_its_wall(
     assert wall == pytest.approx(spent["wall"]) and wall < runs  # the paused time is left out
     assert sum(spent[p] for p in (*TIME_PARTS, "other")) == pytest.approx(wall, rel=0.01)
     assert 60 * _SLEEP_S <= spent["train"] + spent["replay"] < 60 * _SLEEP_S + 3.0, spent
-    assert 4 * _SLEEP_S < spent["replay"] < 10 * _SLEEP_S, spent  # batches 10-14 again (the report at 15 was lost)
+    assert 4 * _SLEEP_S < spent["replay"] < 10 * _SLEEP_S, spent  # batches 10-14 again, after the checkpoint at 10
     assert spent["start"] > 0.3 and spent["build"] > 0 and spent["restore"] > 0, spent  # three processes, two resumed
     assert spent["validation"] > 0 and spent["checkpoint"] > 0 and spent["queued"] >= 0, spent
     assert spent["other"] < 0.5 * wall, spent

@@ -42,13 +42,15 @@ def test_a_trial_no_runner_ran_has_the_wall_of_its_parts_and_the_sum_has_the_goo
     assert summed_time([])["goodput"] == 0.0
 
 
-def test_the_experiment_sums_its_own_trials_only(tmp_path: Path) -> None:
+def test_the_experiment_sums_its_own_trials_only_and_deleting_it_deletes_their_time(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     first, other = _trial(store), _trial(store)
     store.add_trial_time(first, {"train": 2.0, "wall": 4.0})
     store.add_trial_time(other, {"train": 9.0, "wall": 9.0})
     summed = store.experiment_time(store.trial(first).experiment_id, now=0.0)
     assert (summed["train"], summed["wall"], summed["goodput"]) == (2.0, 4.0, 0.5)
+    store.delete_experiment(store.trial(first).experiment_id)  # its trials' time goes with it
+    assert store.experiment_time(store.trial(other).experiment_id, now=0.0)["train"] == 9.0
 
 
 def test_a_schema_5_store_gets_the_time_table(tmp_path: Path) -> None:
