@@ -7,7 +7,7 @@ Imports neither torch nor tensorflow.
 May import: errors, _info, config, core.*
 """
 
-from determined_trials.core._checkpoint import CheckpointContext, DownloadMode
+from determined_trials.core._checkpoint import CheckpointContext, CheckpointRecorder, DownloadMode
 from determined_trials.core._checkpoint_helpers import read_json_file
 from determined_trials.core._context import LAUNCH_DIR_ENV, PREEMPTED_MARKER, Context, init, resolve_run_dir
 from determined_trials.core._distributed import DistributedContext
@@ -54,6 +54,7 @@ __all__ = [
     "Unit",
     "init",
     # what the other packages of determined_trials use (not Determined's API):
+    "CheckpointRecorder",
     "LATEST",
     "LAUNCH_DIR_ENV",
     "PREEMPTED_MARKER",

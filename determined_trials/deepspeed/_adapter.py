@@ -8,7 +8,6 @@ until the boundary (one host transfer, one allgather); only the ranks whose MPU 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +27,12 @@ from determined_trials.loop import (
     DataShape,
     HookRunner,
     SaveMode,
+    StopCheck,
     TrialAdapter,
     allgather,
     reduce_across_ranks,
 )
-from determined_trials.pytorch.data import TrainingStream, require_opt_out
+from determined_trials.pytorch.data import DataLoader, TrainingStream, require_opt_out
 from determined_trials.pytorch.metrics import TrainingMetrics, ValidationMetrics
 
 __all__ = ["DeepSpeedAdapter"]
@@ -60,6 +60,8 @@ class DeepSpeedAdapter(TrialAdapter):
         self._calls = 1 if context.use_pipeline_parallel or not context._auto_grad_accumulation else self._gas
         self._stream: Any = None
         self._validation: Any = None
+        self._validation_source: Any = None  # the trial's validation loader, unsharded
+        self._zero3 = any(engine.zero_optimization_stage() == 3 for engine in context.models)
         self._train_metrics = TrainingMetrics()
 
     # -- the adapter interface -----------------------------------------------------------------
@@ -93,15 +95,16 @@ class DeepSpeedAdapter(TrialAdapter):
             logger.warning("ranks' training loaders have different epoch lengths %s; using the shortest", lengths)
         return min(lengths)
 
-    def train(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
+    def train(self, num_batches: int, clock: Clock, should_stop: StopCheck) -> None:
         context, trial, engine = self._context, self._trial, self._engine
         calls, stream = self._calls, self._stream
+        counted = isinstance(stream, TrainingStream)  # a det.pytorch.DataLoader's stream counts micro-batches
         add_metrics, reducers = self._train_metrics.add, context.reducers
         reports, profiler = self._mpu.should_report_metrics, context._profiler
         for _ in range(num_batches):
             epoch_idx = clock.begin()[0]  # one batch; its epoch opens at its first batch
             batch_idx = clock.batches_trained
-            steps, position = engine.global_steps, getattr(stream, "position", None)
+            steps, position = engine.global_steps, stream.position if counted else None
             for _ in range(calls):
                 output = trial.train_batch(stream, epoch_idx, batch_idx)
                 if reports:
@@ -126,7 +129,7 @@ class DeepSpeedAdapter(TrialAdapter):
                    if self._calls > 1 else
                    f"train_batch must run all {self._gas} micro-batches (engine.backward + engine.step each)")
             )
-        if position is not None and isinstance(self._stream, TrainingStream):
+        if position is not None:
             taken = self._stream.position - position
             if taken != self._gas:
                 raise RuntimeError(
@@ -173,6 +176,7 @@ class DeepSpeedAdapter(TrialAdapter):
         if self._validation is None and self._mpu.should_build_data_loader:
             loader = self._trial.build_validation_data_loader()
             require_opt_out(loader, "build_validation_data_loader", self._context._dataset_checks)
+            self._validation_source = loader
             self._validation = validation_loader(loader, seed=self._context.get_trial_seed(),
                                                  rank=self._mpu.data_parallel_rank,
                                                  size=self._mpu.data_parallel_world_size)
@@ -191,10 +195,40 @@ class DeepSpeedAdapter(TrialAdapter):
             )
         return min(counts) // self._gas
 
+    def _lockstep_calls(self, loader: Any) -> int:
+        """ZeRO-3 on several ranks: each forward gathers parameters from every rank, so every rank makes
+        as many evaluate_batch calls as the rank with the most validation batches."""
+        counts = allgather(self._dist, batches_in(loader) if loader is not None else 0)
+        if None in counts:
+            raise RuntimeError(
+                f"ZeRO stage 3: the ranks' validation loaders hold {counts} batches (None: no len()); every "
+                "forward pass is a collective, so the harness must know each rank's number of batches to keep the "
+                "ranks in step: return a det.pytorch.DataLoader (or a loader with len()) from "
+                "build_validation_data_loader"
+            )
+        return max(counts)
+
+    def _padding(self) -> Any:
+        """The batch a rank that had no validation batch at all repeats (the others repeat their last)."""
+        if not isinstance(self._validation_source, DataLoader):
+            raise RuntimeError(
+                "ZeRO stage 3: this rank's validation loader holds no batch while another rank's holds some; "
+                "every rank must run as many forward passes. Return a det.pytorch.DataLoader from "
+                "build_validation_data_loader (the harness then pads with the first validation batch)"
+            )
+        whole = self._validation_source.build_validation_loader(rank=0, num_replicas=1,
+                                                                seed=self._context.get_trial_seed())
+        return next(iter(whole))
+
     def _evaluate(self, test_mode: bool) -> dict[str, Any]:
         loader = self._validation_data()
-        calls = self._num_calls(loader)
-        iterator = CountingIterator(loader) if loader is not None else None
+        lockstep = self._zero3 and self._dist.get_size() > 1 and not self._context.use_pipeline_parallel
+        calls = self._lockstep_calls(loader) if lockstep else self._num_calls(loader)
+        iterator: CountingIterator | None = None
+        if lockstep:  # a rank whose batches ran out repeats one (padding), until every rank is done
+            iterator = CountingIterator(loader if loader is not None else (), self._padding)
+        elif loader is not None:
+            iterator = CountingIterator(loader)
         metrics = ValidationMetrics(self._trial.evaluation_reducer())
         reports, reducers = self._mpu.should_report_metrics, self._context.reducers
         batch_idx = 0
@@ -205,8 +239,9 @@ class DeepSpeedAdapter(TrialAdapter):
                 if calls is not None:
                     raise
                 break  # a raw loader without len ran out
-            if reports:
-                metrics.add(output, iterator.take_records() if iterator is not None else 0)
+            records = iterator.take_records() if iterator is not None else 0
+            if reports and records is not None:  # None: a padding call (ZeRO-3), its metrics are dropped
+                metrics.add(output, records)
             reducers.batch_end()
             batch_idx += 1
             if test_mode:

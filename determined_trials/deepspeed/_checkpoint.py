@@ -62,10 +62,10 @@ def load_rank_state(path: Path, trial: DeepSpeedTrial, context: DeepSpeedTrialCo
 
 def consolidate_checkpoint(path: str | os.PathLike[str], tag: str = "model0") -> dict[str, torch.Tensor]:
     """One plain fp32 ``state_dict`` of engine ``tag`` from a DeepSpeedTrial checkpoint folder (ZeRO 0,
-    1 or 2, any number of ranks), e.g. for ``model.load_state_dict`` in inference code.
+    1, 2 or 3, any number of ranks), e.g. for ``model.load_state_dict`` in inference code.
 
-    ZeRO 1/2 partitions are merged with DeepSpeed's own ``zero_to_fp32``; stage 0 checkpoints already
-    hold the whole module.
+    ZeRO 1/2/3 partitions are merged with DeepSpeed's own ``zero_to_fp32`` (the fp32 master weights; under
+    ZeRO-3 they equal the gathered parameters); stage 0 checkpoints already hold the whole module.
     """
     folder = Path(path)
     engine_dir = folder / tag

@@ -1,12 +1,15 @@
-"""``DeepSpeedTrialContext``: what a DeepSpeedTrial uses to register its engines and its model-parallel
-layout (reducers, ``to_device``, TensorBoard and the stop flag come from ``TrialServices``)."""
+"""``DeepSpeedTrialContext``: what a DeepSpeedTrial uses to build (``zero_init``) and register its engines
+and its model-parallel layout (reducers, ``to_device``, TensorBoard and the stop flag come from ``TrialServices``)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from determined_trials._trial_context import TrialContext, TrialIdentity
+from determined_trials.deepspeed._config import read_deepspeed_config
 from determined_trials.deepspeed._mpu import ModelParallelUnit, make_data_parallel_mpu, make_deepspeed_mpu
 from determined_trials.errors import ConfigError
 from determined_trials.pytorch import TrialServices
@@ -93,6 +96,20 @@ class DeepSpeedTrialContext(TrialContext, TrialServices):
                 "x data-parallel size); make them agree, e.g. overwrite_deepspeed_config(ds_config, "
                 "{'train_batch_size': global_batch_size})"
             )
+
+    def zero_init(self, ds_config: str | os.PathLike[str] | dict[str, Any],
+                  **kwargs: Any) -> contextlib.AbstractContextManager[Any]:
+        """``deepspeed.zero.Init`` for ``ds_config``: build the model inside it (``with context.zero_init(cfg):
+        model = Net()``) and ZeRO stage 3 partitions each parameter over the ranks as it is created, so a
+        model too big for one rank is never whole on any. A no-op for ZeRO stages 0-2 (the same trial code
+        runs them). ``kwargs`` go to ``deepspeed.zero.Init`` (e.g. ``remote_device``)."""
+        config = read_deepspeed_config(ds_config) if isinstance(ds_config, (str, os.PathLike)) else ds_config
+        if int(config.get("zero_optimization", {}).get("stage", 0)) != 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        init: contextlib.AbstractContextManager[Any] = deepspeed.zero.Init(config_dict_or_path=config, **kwargs)
+        return init
 
     def set_mpu(self, mpu: ModelParallelUnit) -> None:
         """Use a custom model-parallel layout (after the first `wrap_model_engine`, once)."""

@@ -4,7 +4,7 @@ resumable) and validation iterators that count the records each ``evaluate_batch
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 from determined_trials.pytorch.data import DataLoader, data_length, wrap_raw_loader
@@ -57,21 +57,39 @@ def batches_in(loader: Any) -> int | None:
 
 
 class CountingIterator:
-    """Iterates ``loader`` and counts the records of the batches handed out since ``take_records()``."""
+    """Iterates ``loader`` and counts the records of the batches handed out since ``take_records()``.
 
-    def __init__(self, loader: Any) -> None:
+    With ``padding`` (ZeRO-3 on several ranks: every forward is a collective, so every rank must make
+    as many), a ``loader`` that runs out hands out its last batch again (``padding()`` when it had none),
+    counted as no records; ``take_records()`` then says the call saw padding only (None)."""
+
+    def __init__(self, loader: Any, padding: Callable[[], Any] | None = None) -> None:
         self._iterator: Iterator[Any] = iter(loader)
         self._records = 0
+        self._padding = padding
+        self._real = False  # a real batch was handed out since take_records()
+        self._last: Any = None
 
     def __iter__(self) -> CountingIterator:
         return self
 
     def __next__(self) -> Any:
-        batch = next(self._iterator)
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            if self._padding is None:
+                raise
+            if self._last is None:
+                self._last = self._padding()
+            return self._last
         self._records += data_length(batch)
+        self._real = True
+        if self._padding is not None:
+            self._last = batch
         return batch
 
-    def take_records(self) -> int:
-        """Records handed out since the last call."""
+    def take_records(self) -> int | None:
+        """Records handed out since the last call; None when only padding was (its metrics are dropped)."""
         records, self._records = self._records, 0
-        return records
+        real, self._real = self._real, False
+        return records if real or self._padding is None else None

@@ -7,7 +7,7 @@ Keras's compiled metrics are reset at each workload start and read once at its b
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from determined_trials.keras._context import TFKerasTrialContext
 from determined_trials.keras._data import DataSource, make_source
 from determined_trials.keras._steps import CompiledSteps
 from determined_trials.keras._trial import TFKerasTrial
-from determined_trials.loop import Clock, DataShape, HookRunner, TrialAdapter, allgather
+from determined_trials.loop import Clock, DataShape, HookRunner, StopCheck, TrialAdapter, allgather
 
 __all__ = ["KerasAdapter"]
 
@@ -85,7 +85,7 @@ class KerasAdapter(TrialAdapter):
         self.model.reset_metrics()
         return DataShape(self._train.epoch_len, self._train.global_batch_size)
 
-    def train(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
+    def train(self, num_batches: int, clock: Clock, should_stop: StopCheck) -> None:
         assert self._stream is not None, "start_training() first"
         model, step, stream, cbs = self.model, self._steps.train, self._stream, self.callbacks
         batch_hooks = cbs.batch_hooks

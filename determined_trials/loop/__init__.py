@@ -7,7 +7,14 @@ Imports neither torch nor tensorflow; the PyTorch, DeepSpeed and Keras adapters 
 May import: errors, _info, config, core.*
 """
 
-from determined_trials.loop._adapter import DataShape, SaveMode, ShardedAsyncSaver, SnapshotSaver, TrialAdapter
+from determined_trials.loop._adapter import (
+    DataShape,
+    SaveMode,
+    ShardedAsyncSaver,
+    SnapshotSaver,
+    StopCheck,
+    TrialAdapter,
+)
 from determined_trials.loop._clock import Clock, ClockView
 from determined_trials.loop._controller import (
     CHECKPOINT_FORMAT,
@@ -59,6 +66,7 @@ __all__ = [
     "Schedule",
     "ShardedAsyncSaver",
     "SnapshotSaver",
+    "StopCheck",
     "TrainUnit",
     "TrialAdapter",
     "allgather",

@@ -8,11 +8,14 @@ import dataclasses
 import enum
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from determined_trials.loop._clock import Clock
 
-__all__ = ["DataShape", "SaveMode", "ShardedAsyncSaver", "SnapshotSaver", "TrialAdapter"]
+if TYPE_CHECKING:
+    from determined_trials.core import PreemptContext
+
+__all__ = ["DataShape", "SaveMode", "ShardedAsyncSaver", "SnapshotSaver", "StopCheck", "TrialAdapter"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,13 +78,31 @@ class ShardedAsyncSaver(Protocol):
         future on every rank before the chief publishes the checkpoint."""
 
 
+class StopCheck:
+    """The stop check the loop gives ``TrialAdapter.train``: call it after a batch; True means stop now (the
+    loop then knows why). ``decide`` is the same call without this object's ``__call__`` in between.
+
+    ``local_preempt`` is the ``PreemptContext`` when one process decides alone (else None): an adapter may
+    then read its ``signalled`` flag and its own stop flag itself and call the check only when one is set,
+    which decides the same. With several ranks every call is the ranks' agreed decision."""
+
+    __slots__ = ("decide", "local_preempt")
+
+    def __init__(self, decide: Callable[[], bool], local_preempt: PreemptContext | None = None) -> None:
+        self.decide = decide
+        self.local_preempt = local_preempt
+
+    def __call__(self) -> bool:
+        return self.decide()
+
+
 class TrialAdapter(Protocol):
     """Turns "train n batches", "evaluate", "save" and "load" into framework calls.
 
     Every method is called on every rank, except ``save`` (chief only unless ``save_mode.sharded``). Metrics
     returned by ``training_metrics`` and ``validate`` are already reduced across batches and ranks and are
     the same on every rank. An adapter subclasses this protocol to inherit the defaults of ``save_mode``,
-    ``prepare_checkpoint`` and ``batch_metrics``.
+    ``prepare_checkpoint``, ``batch_metrics`` and ``take_data_wait``.
     """
 
     framework: str
@@ -101,6 +122,11 @@ class TrialAdapter(Protocol):
         """The last workload's per-batch metrics for ``on_training_workload_end``. Default: none kept."""
         return []
 
+    def take_data_wait(self) -> float:
+        """Seconds spent waiting for training data since the last call, as far as the adapter knows it without
+        a per-batch cost (the trial's ``data_wait`` time part; the loop asks after each workload). Default: 0."""
+        return 0.0
+
     def load(self, path: Path) -> None:
         """Restore models, optimizers, RNGs and callback state from a checkpoint folder."""
 
@@ -108,7 +134,7 @@ class TrialAdapter(Protocol):
         """Build the training data stream positioned after ``clock.batches_trained`` batches (the loop then
         starts the clock with the shape's epoch length); hand ``clock.view`` to whatever reads the position."""
 
-    def train(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
+    def train(self, num_batches: int, clock: Clock, should_stop: StopCheck) -> None:
         """Train up to ``num_batches`` batches; stop early after a batch where ``should_stop()`` is True.
 
         The adapter reports its batches to the clock (``loop/_clock.py``): ``begin`` or ``begin_pass``

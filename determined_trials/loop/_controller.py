@@ -10,12 +10,12 @@ import enum
 import logging
 import math
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from determined_trials.core import read_json_file, trial_progress
-from determined_trials.loop._adapter import DataShape, TrialAdapter
+from determined_trials.loop._adapter import DataShape, StopCheck, TrialAdapter
 from determined_trials.loop._checkpointing import CHECKPOINT_FORMAT, TRIAL_STATE_FILE, Checkpointer
 from determined_trials.loop._clock import Clock
 from determined_trials.loop._hooks import HookRunner
@@ -94,7 +94,6 @@ class Controller:
         self._checkpointer = Checkpointer(core=core, adapter=adapter, hooks=hooks)
         self._final_batch: int | None = None  # with max_length: nothing trains after this batch
         self._timer = TrialTimer(core, chief=self._is_chief)  # where the trial's time goes, at the boundaries
-        self._data_wait: Callable[[], float] = getattr(adapter, "take_data_wait", lambda: 0.0)
 
     def run(self, latest_checkpoint: str | None = None) -> ExitReason:
         """Train until the length is reached, the trial is preempted or it asks to stop."""
@@ -180,7 +179,8 @@ class Controller:
             fired = schedule.fired(state.batches_trained, target.batches)
             self._end_workload(target.full)
         finally:  # a failed workload's batches count too: a restart trains them again (replay)
-            self._timer.trained(time.perf_counter() - began, first, state.batches_trained, self._data_wait())
+            self._timer.trained(time.perf_counter() - began, first, state.batches_trained,
+                                self._adapter.take_data_wait())
         if self._exit is not None:
             return True
         # the run's (or the operation's) end always validates: before a checkpoint taken there, as at any boundary
@@ -200,22 +200,17 @@ class Controller:
         trained = state.batches_trained
         return trained > 0 and rule is not None and rule.fires(trained) and state.last_validation != trained
 
-    def _stop_check(self) -> Callable[[], bool]:
+    def _stop_check(self) -> StopCheck:
         """The per-batch stop check for the adapter: on one process two flag reads, the full decision
-        (``_should_stop``) only once one is set; with several ranks the agreed decision every batch.
-
-        On one process the check carries ``local_preempt`` (the PreemptContext, whose ``signalled``
-        flag it reads): an adapter may read that flag and its own stop flag itself and call the check
-        only when one is set, which decides the same."""
+        (``_should_stop``) only once one is set; with several ranks the agreed decision every batch."""
         preempt, adapter_stop = self._core.preempt, self._adapter.stop_requested
         if not preempt.decides_locally:
-            return self._should_stop
+            return StopCheck(self._should_stop)
 
         def check() -> bool:
             return (preempt.signalled or adapter_stop()) and self._should_stop()
 
-        check.local_preempt = preempt  # type: ignore[attr-defined]
-        return check
+        return StopCheck(check, local_preempt=preempt)
 
     def _should_stop(self) -> bool:
         preempt, stop = self._core.preempt.check(stop_requested=self._adapter.stop_requested())

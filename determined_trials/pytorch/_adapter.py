@@ -43,6 +43,7 @@ from determined_trials.pytorch.data import (
     StreamOfPasses,
     StreamPositions,
     TrainingBatches,
+    ValidationLoader,
     in_step,
     is_reproducible_loader,
     require_opt_out,
@@ -264,7 +265,7 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
     def _evaluate_batches(self, test_mode: bool) -> dict[str, Any]:
         loader = self._validation_data(sharded=True)
         if self._sharded and self._dist.get_size() > 1:
-            if getattr(loader, "record_counts", ()) is None:  # a stream: the ranks' parts may differ in length
+            if isinstance(loader, ValidationLoader) and loader.record_counts is None:  # a stream: parts may differ
                 loader = in_step(loader, lambda mine: all(allgather(self._dist, mine)))
             elif not self._validation_checked:
                 self._check_even_validation(loader)

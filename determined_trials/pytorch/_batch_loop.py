@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from determined_trials.loop import Clock
+from determined_trials.loop import Clock, StopCheck
 from determined_trials.pytorch.data import TrainingBatches, TrainingStream
 from determined_trials.pytorch.metrics import TrainingMetrics
 
@@ -42,7 +42,7 @@ class BatchLoop:
         waited, self._data_wait_s = self._data_wait_s, 0.0
         return waited
 
-    def train(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
+    def train(self, num_batches: int, clock: Clock, should_stop: StopCheck) -> None:
         assert self._stream is not None, "start_training() first"
         if self._stream.epochs_from_passes:  # a raw loader or a stream: its epochs end when a pass does
             if self._after_first_batch is not None:
@@ -66,7 +66,7 @@ class BatchLoop:
         assert hook is not None
         hook()
 
-    def _train_run(self, limit: int, clock: Clock, should_stop: Callable[[], bool]) -> tuple[int, bool]:
+    def _train_run(self, limit: int, clock: Clock, should_stop: StopCheck) -> tuple[int, bool]:
         """Train up to ``limit`` batches of the current epoch in one tight loop: (batches trained, stopped).
 
         Per batch only what every batch needs runs: take the batch, move the clock's ``batch_idx``,
@@ -90,7 +90,7 @@ class BatchLoop:
         train_batch, iterator, tensor_type = self._trial.train_batch, stream.loader_iterator(), torch.Tensor
         self._data_wait_s += time.perf_counter() - began
         last_of_epoch = first - in_epoch + stream.epoch_len - 1
-        preempt = getattr(should_stop, "local_preempt", None)
+        preempt, decide = should_stop.local_preempt, should_stop.decide
         trained = kept = 0
         stopped = finished = False
         try:
@@ -115,7 +115,7 @@ class BatchLoop:
                     self._finish_batch(batch_idx, epoch_idx, batch_idx == last_of_epoch)
                 trained += 1
                 # one process: read the two flags here, call the check only when one is set
-                if (preempt is None or preempt.signalled or context._stop_requested) and should_stop():
+                if (preempt is None or preempt.signalled or context._stop_requested) and decide():
                     stopped = True
                     break
             finished = True
@@ -142,7 +142,7 @@ class BatchLoop:
         if context._profiler is not None:
             context._profiler.step()
 
-    def _train_passes(self, num_batches: int, clock: Clock, should_stop: Callable[[], bool]) -> None:
+    def _train_passes(self, num_batches: int, clock: Clock, should_stop: StopCheck) -> None:
         """``train`` over a stream whose passes decide the epochs (a raw loader, an ``IterableDataset``), one
         batch at a time."""
         context, trial, stream = self._context, self._trial, self._stream

@@ -10,15 +10,11 @@ float32 order, carried through 10 Adam steps). Resumed runs must equal uninterru
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
 import pytest
-from support.helpers_paths import SUPPORT
+from support.helpers_deepspeed_plan import run_plan
 from trials_deepspeed import VALIDATION_RECORDS, plain_loop
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
@@ -41,24 +37,10 @@ SCENARIOS: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    tmp = tmp_path_factory.mktemp("ds2")
-    scenarios = [{**s, "run_dir": str(tmp / "run" / s["name"].split("_")[0])} for s in SCENARIOS]
-    plan = tmp / "plan.json"
-    plan.write_text(json.dumps({"out": str(tmp), "scenarios": scenarios}))
-    config = tmp / "launch.yaml"
-    config.write_text("resources: {slots_per_trial: 2}\nsearcher: {name: single, metric: val_loss, "
-                      "max_length: {batches: 1}}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(SUPPORT), env.get("PYTHONPATH", "")]), DET_DEEPSPEED_SHM_COMM="0")
-    proc = subprocess.run(
-        [sys.executable, "-m", "determined_trials.launch.torch_distributed", "--config", str(config), "--",
-         str(SUPPORT / "worker_deepspeed.py"), str(plan)],
-        env=env, cwd=tmp, capture_output=True, text=True, timeout=280,
-    )
+    returncode, output, by_name = run_plan(tmp_path_factory.mktemp("ds2"), SCENARIOS, timeout=280)
     # 75: the launcher saw the preemption of scenario z2_sigterm (the later scenarios ran on)
-    assert proc.returncode == 75, proc.stdout[-6000:] + proc.stderr[-6000:]
-    return {s["name"]: [json.loads((tmp / f"{s['name']}-rank{r}.json").read_text()) for r in (0, 1)]
-            for s in SCENARIOS}
+    assert returncode == 75, output[-12000:]
+    return by_name
 
 
 def _close(weights: list[list[float]], reference: list[list[float]]) -> None:

@@ -56,14 +56,15 @@ def test_hooks_and_weights_match_the_pytorch_trial(tmp_path: Path) -> None:
     assert ds_val == pytest.approx([e[1]["val_loss"] for e in twin.events if e[0] == "validation_end"], rel=1e-6)
 
 
-@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("stage", [0, 2, 3])
 def test_a_checkpoint_holds_every_shard_and_consolidates(tmp_path: Path, stage: int) -> None:
     trial = _fit(tmp_path, stage=stage, gas=2, fit={**FIT, "max_length": det_ds.Batch(4)})
     store = det.core.LocalStore(tmp_path / "run")
     (checkpoint,) = store.checkpoints()
     folder = tmp_path / "run" / "checkpoints" / checkpoint.uuid
-    assert {"det_state_rank0.pth", "trial_state.json", "load_data.json", "model0/mp_rank_00_model_states.pt"} \
-        <= set(checkpoint.resources)
+    model_states = "model0/zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else \
+        "model0/mp_rank_00_model_states.pt"  # ZeRO-3: each rank its partition
+    assert {"det_state_rank0.pth", "trial_state.json", "load_data.json", model_states} <= set(checkpoint.resources)
     assert any("optim_states" in name for name in checkpoint.resources) == (stage > 0)
     assert json.loads((folder / "load_data.json").read_text())["trial_type"] == "DeepSpeedTrial"
     state = det_ds.consolidate_checkpoint(folder)
@@ -77,6 +78,32 @@ def test_a_checkpoint_holds_every_shard_and_consolidates(tmp_path: Path, stage: 
                      "--consolidate"]) == 0
     exported = torch.load(export / "model0_consolidated.pt", weights_only=True)
     assert exported.keys() == state.keys() and all(torch.equal(exported[k], state[k]) for k in state)
+
+
+def test_zero_init_builds_the_model_partitioned_under_stage_3_only(tmp_path: Path) -> None:
+    hp = config(stage=3)["hyperparameters"]
+    (tmp_path / "ds.json").write_text(json.dumps(ds_config(hp)))
+    with det_ds.init(exp_conf=config(stage=3), run_dir=tmp_path / "run") as context:
+        with context.zero_init(tmp_path / "ds.json"):  # a file or a dict
+            partitioned = make_model()
+        with context.zero_init(ds_config({**hp, "stage": 2})):
+            whole = make_model()
+    assert all(p.numel() == 0 and hasattr(p, "ds_id") for p in partitioned.parameters())
+    assert [p.numel() for p in whole.parameters()] == [64, 16, 16, 1] and not hasattr(whole[0].weight, "ds_id")
+
+
+def test_padding_batches_count_no_records() -> None:
+    from determined_trials.deepspeed._data import CountingIterator
+
+    batches = [torch.zeros(3, 2), torch.ones(2, 2)]
+    padded = CountingIterator(batches, padding=lambda: torch.full((5, 2), 7.0))
+    assert [next(padded).sum().item(), padded.take_records(), next(padded).sum().item(), padded.take_records()] == \
+        [0.0, 3, 4.0, 2]
+    assert torch.equal(next(padded), batches[1]) and padded.take_records() is None  # repeats its last batch
+    empty = CountingIterator([], padding=lambda: torch.full((5, 2), 7.0))  # a rank with no batch of its own
+    assert next(empty).sum().item() == 70.0 and empty.take_records() is None
+    with pytest.raises(StopIteration):
+        next(CountingIterator(batches[:0]))
 
 
 class _OptedOutRawLoader(DSTrial):

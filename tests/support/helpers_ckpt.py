@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from determined_trials.core._checkpoint import CheckpointRecorder
+from determined_trials.core import CheckpointRecorder
 from support.helpers_paths import REPO, SUPPORT
 
 __all__ = ["REPO", "WORKER", "Recorder", "failure", "make_tree", "read_tree", "start_worker", "worker_env"]

@@ -39,7 +39,9 @@ def ds_config(hp: dict[str, Any]) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": hp["micro"],
         "gradient_accumulation_steps": hp["gas"],
         "optimizer": {"type": "Adam", "params": {"lr": LR, "weight_decay": 0.0, "torch_adam": True}},
-        "zero_optimization": {"stage": hp["stage"]},
+        # ZeRO-3 keeps parameters below a size whole on every rank; 0: partition even this tiny model's
+        "zero_optimization": {"stage": hp["stage"], **({"stage3_param_persistence_threshold": 0}
+                                                       if hp["stage"] == 3 else {})},
         "gradient_clipping": 0.0,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -66,13 +68,18 @@ class DSTrial(det_ds.DeepSpeedTrial):
 
         self.context = context
         hp = context.get_hparams()
-        model = make_model(hp.get("dropout", 0.0))
+        model = self.build_model(hp)
+        self.built_numel = sum(p.numel() for p in model.parameters())  # 0 when built partitioned (ZeRO-3)
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(hp))
         self.engine = context.wrap_model_engine(engine)
         self.events: list[tuple[Any, ...]] = []
         self.stop_after = stop_after
-        self.calls = 0
+        self.calls = self.eval_calls = 0
         self.sum_reducer = context.wrap_reducer(lambda values: float(sum(values)), name="records_seen")
+
+    def build_model(self, hp: dict[str, Any]) -> nn.Module:
+        with self.context.zero_init(ds_config(hp)):  # a no-op below ZeRO stage 3
+            return make_model(hp.get("dropout", 0.0))
 
     def build_callbacks(self) -> dict[str, pytorch.PyTorchCallback]:
         return {"recorder": Recorder(self.events)}
@@ -82,7 +89,8 @@ class DSTrial(det_ds.DeepSpeedTrial):
                                   shuffle=True)
 
     def build_validation_data_loader(self) -> pytorch.DataLoader:
-        return pytorch.DataLoader(data(VALIDATION_RECORDS, 2), batch_size=8)
+        return pytorch.DataLoader(data(self.context.get_hparams().get("val_records", VALIDATION_RECORDS), 2),
+                                  batch_size=8)
 
     def train_batch(self, dataloader_iter: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
         x, y = self.context.to_device(next(dataloader_iter))
@@ -97,12 +105,40 @@ class DSTrial(det_ds.DeepSpeedTrial):
 
     def evaluate_batch(self, dataloader_iter: Any, batch_idx: int) -> dict[str, Any]:
         x, y = self.context.to_device(next(dataloader_iter))
+        self.eval_calls += 1
         return {"val_loss": nn.functional.mse_loss(self.engine(x), y)}
 
 
+class PretrainedTrial(DSTrial):
+    """DSTrial whose model, built (partitioned under ZeRO-3) from other random weights, gets the plain loop's
+    initial weights from a state_dict that only rank 0 reads: the recipe of docs/deepspeed.md."""
+
+    def build_model(self, hp: dict[str, Any]) -> nn.Module:
+        import deepspeed
+
+        rank = self.context.distributed.get_rank()
+        seed_everything(SEED)
+        pretrained = make_model().state_dict() if rank == 0 else None  # e.g. torch.load(path, mmap=True)
+        torch.manual_seed(SEED + 1)
+        with self.context.zero_init(ds_config(hp)):
+            model = make_model()
+        with torch.no_grad():
+            for name, param in model.named_parameters():  # one parameter whole at a time
+                with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                    if rank == 0:
+                        assert pretrained is not None
+                        param.copy_(pretrained[name])
+        return model
+
+
 def weights(engine: Any) -> list[list[float]]:
-    """The module's parameters as nested lists (fp32 master weights live in the module for ZeRO 0-2)."""
-    return [p.detach().float().reshape(-1).tolist() for p in engine.module.parameters()]
+    """The module's parameters as nested lists (fp32 master weights live in the module for ZeRO 0-2; ZeRO 3
+    partitions them: they are gathered, a collective every rank calls)."""
+    import deepspeed
+
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params, enabled=engine.zero_optimization_stage() == 3):
+        return [p.detach().float().reshape(-1).tolist() for p in params]
 
 
 def plain_loop(batches: int, global_batch: int, dropout: float = 0.0) -> list[list[float]]:
@@ -140,7 +176,7 @@ class PipeTrial(DSTrial):
         self.engine = context.wrap_model_engine(engine)
         self.events = []
         self.stop_after = stop_after
-        self.calls = 0
+        self.calls = self.eval_calls = 0
         self.sum_reducer = context.wrap_reducer(lambda values: float(sum(values)), name="records_seen")
 
     def build_validation_data_loader(self) -> pytorch.DataLoader:

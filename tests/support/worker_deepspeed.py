@@ -2,7 +2,7 @@
 ``det.deepspeed.init()`` + ``Trainer.fit`` of a trial of tests/support/trials_deepspeed.py, and writes
 ``<out>/<name>-rank<R>.json``.
 
-Usage: worker_deepspeed.py PLAN_JSON. A scenario: {"name", "trial" (DSTrial|PipeTrial), "config" (kwargs of
+Usage: worker_deepspeed.py PLAN_JSON. A scenario: {"name", "trial" (DSTrial|PipeTrial|PretrainedTrial), "config" (kwargs of
 trials_deepspeed.config), "stop_after" / "sigterm_after" + "signal_rank" (batch after which rank 0 asks to
 stop / that rank gets SIGTERM), "resume" (the name of an earlier scenario whose last checkpoint to resume)}.
 The rank layout comes from torchrun's environment variables.
@@ -41,7 +41,7 @@ class _Signalling(T.DSTrial):
 def run(scenario: dict[str, Any], rank: int, checkpoints: dict[str, str]) -> dict[str, Any]:
     run_dir = Path(scenario["run_dir"])
     with det_ds.init(exp_conf=T.config(ranks=scenario.get("dp", 2), **scenario["config"]), run_dir=run_dir) as context:
-        cls = {"DSTrial": T.DSTrial, "PipeTrial": T.PipeTrial, "Signalling": _Signalling}[scenario["trial"]]
+        cls = {"DSTrial": T.DSTrial, "PipeTrial": T.PipeTrial, "PretrainedTrial": T.PretrainedTrial, "Signalling": _Signalling}[scenario["trial"]]
         trial = cls(context, stop_after=scenario.get("stop_after") if rank == 0 else None)
         if rank == scenario.get("signal_rank"):
             trial.sigterm_after = scenario.get("sigterm_after")  # type: ignore[attr-defined]
@@ -51,7 +51,8 @@ def run(scenario: dict[str, Any], rank: int, checkpoints: dict[str, str]) -> dic
         stored = context._core.store.checkpoints(trial_id=context.get_trial_id())
         return {
             "rank": rank, "exit_reason": trainer.exit_reason.value, "weights": T.weights(trial.engine),
-            "events": trial.events, "calls": trial.calls, "global_steps": trial.engine.global_steps,
+            "events": trial.events, "calls": trial.calls, "eval_calls": trial.eval_calls,
+            "built_numel": getattr(trial, "built_numel", None), "zero_stage": trial.engine.zero_optimization_stage(), "global_steps": trial.engine.global_steps,
             "checkpoint": stored[-1].uuid if stored else None,
             "checkpoint_steps": stored[-1].steps_completed if stored else None,
             "stage": trial.engine.grid.get_stage_id() if context.use_pipeline_parallel else None,

@@ -118,6 +118,15 @@ class StorageManager(abc.ABC):
     """True when the folder ``stage_dir`` returns is what ``commit`` publishes: files written there need
     no ``put`` (which would only remove the files it is not given)."""
 
+    def local_folder(self) -> Path | None:
+        """The local folder holding the checkpoints, for a storage with ``direct_access``; else None."""
+        return None
+
+    def remove_stale_staging(self, older_than_s: float = 24 * 3600.0) -> list[str]:
+        """Delete the staging leftovers of crashed writers untouched for ``older_than_s`` and return their
+        names; a storage that stages elsewhere (a temporary folder, then an upload) leaves none."""
+        return []
+
     # -- writing -----------------------------------------------------------------------------------
     @abc.abstractmethod
     def stage_dir(self, storage_id: str, rank: int) -> Path:

@@ -126,6 +126,9 @@ class DirectoryStorage(StorageManager):
     def abort(self, storage_id: str) -> None:
         shutil.rmtree(self._staging(storage_id), ignore_errors=True)
 
+    def local_folder(self) -> Path:
+        return self.path
+
     def remove_stale_staging(self, older_than_s: float = 24 * 3600.0) -> list[str]:
         """Delete staging/deleting leftovers of crashed writers untouched for ``older_than_s``; return names."""
         removed = []

@@ -87,10 +87,7 @@ def _settle(store: TrialStore, storage: StorageManager, trial_id: int, uuids: li
 
 def remove_stale_staging(storage: StorageManager, older_than_s: float = STALE_STAGING_S) -> list[str]:
     """Remove staging folders of crashed writers (storages that stage in place; others: nothing)."""
-    remove = getattr(storage, "remove_stale_staging", None)
-    if remove is None:
-        return []
-    removed: list[str] = remove(older_than_s)
+    removed = storage.remove_stale_staging(older_than_s)
     if removed:
         logger.info("removed %d stale checkpoint staging folder(s) from %s", len(removed), storage)
     return removed

@@ -124,8 +124,8 @@ class RayExecutor:
 
     def _check_storage(self, ray: Any, storage: Any) -> None:
         """A directory store must be the same folder on every alive node: each node reads a marker."""
-        folder = getattr(storage, "path", None)
-        if folder is None or not getattr(storage, "direct_access", False):
+        folder = storage.local_folder()  # a StorageManager
+        if folder is None:
             return  # a bucket (S3, GCS, Azure): reachable over the network
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -17,7 +17,7 @@ May import: errors, loop
 
 from determined_trials.pytorch.data._iterable import STREAM_POSITIONS, StreamOfPasses, StreamPositions, in_step
 from determined_trials.pytorch.data._length import data_length, get_batch_length
-from determined_trials.pytorch.data._loader import DataLoader, require_opt_out
+from determined_trials.pytorch.data._loader import DataLoader, ValidationLoader, require_opt_out
 from determined_trials.pytorch.data._raw import is_reproducible_loader, wrap_raw_loader
 from determined_trials.pytorch.data._samplers import (
     DistributedBatchSampler,
@@ -47,6 +47,7 @@ __all__ = [
     "StreamPositions",
     "TrainingBatches",
     "TrainingStream",
+    "ValidationLoader",
     "data_length",
     "get_batch_length",
     "in_step",
