@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from determined_trials.core.store._connection import StoreConnection
+from determined_trials.core.store._states import RunState
 
 __all__ = ["SPAWNED_AT_ENV", "TIME_PARTS", "TrialTimes", "summed_time", "time_breakdown"]
 
@@ -19,6 +21,7 @@ TIME_PARTS: tuple[str, ...] = (
 _REACHED = "_reached"  # the most batches any attempt trained (MAX, not a sum)
 _OPEN = "_open"  # when the runner's attempt in progress began (set and cleared, not a sum)
 _WALL = "wall"  # the wall time of the runner's ended attempts: queued to the process's exit
+_ROW = "t.part, t.seconds, r.state FROM trial_time t JOIN trials r ON r.id = t.trial_id"
 
 
 class TrialTimes(StoreConnection):
@@ -66,16 +69,16 @@ class TrialTimes(StoreConnection):
 
     def trial_time(self, trial_id: int, *, now: float) -> dict[str, float]:
         """The trial's breakdown (``time_breakdown``) at ``now``."""
-        rows = self._read("SELECT part, seconds FROM trial_time WHERE trial_id = ?", (int(trial_id),))
-        return time_breakdown({r["part"]: r["seconds"] for r in rows}, now=now)
+        rows = self._read(f"SELECT {_ROW} WHERE t.trial_id = ?", (int(trial_id),))
+        return time_breakdown({r["part"]: r["seconds"] for r in rows if _counts(r)}, now=now)
 
     def experiment_time(self, experiment_id: int, *, now: float) -> dict[str, float]:
         """The breakdowns of the experiment's trials summed (``summed_time``: with ``goodput``)."""
-        rows = self._read("SELECT t.trial_id, t.part, t.seconds FROM trial_time t JOIN trials r ON r.id = t.trial_id "
-                          "WHERE r.experiment_id = ?", (int(experiment_id),))
+        rows = self._read(f"SELECT t.trial_id, {_ROW} WHERE r.experiment_id = ?", (int(experiment_id),))
         raw: dict[int, dict[str, float]] = {}
         for r in rows:
-            raw.setdefault(r["trial_id"], {})[r["part"]] = r["seconds"]
+            if _counts(r):
+                raw.setdefault(r["trial_id"], {})[r["part"]] = r["seconds"]
         return summed_time(time_breakdown(parts, now=now) for parts in raw.values())
 
 
@@ -99,6 +102,11 @@ def summed_time(breakdowns: Iterable[Mapping[str, float]]) -> dict[str, float]:
         for part in total:
             total[part] += breakdown.get(part, 0.0)
     return {**total, "goodput": total["train"] / total["wall"] if total["wall"] > 0 else 0.0}
+
+
+def _counts(row: Any) -> bool:
+    """An open attempt counts only while its trial is ACTIVE (a runner killed -9 left one behind)."""
+    return bool(row["part"] != _OPEN or row["state"] == RunState.ACTIVE)
 
 
 def _checked(part: str) -> str:

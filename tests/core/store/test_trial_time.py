@@ -26,6 +26,9 @@ def test_parts_add_up_and_other_is_the_wall_they_leave(tmp_path: Path) -> None:
     assert store.batches_reached(trial) == 10
     running = store.trial_time(trial, now=110.0)  # the attempt is open: wall up to now
     assert (running["wall"], running["start"], running["other"]) == (10.0, 2.5, 10.0 - 6.5)
+    store.set_trial_state(trial, "PAUSED")  # its runner was killed -9: the open attempt no longer counts up
+    assert store.trial_time(trial, now=500.0)["wall"] == 6.5  # (the parts' sum)
+    store.set_trial_state(trial, "ACTIVE")
     store.end_trial_attempt(trial, ended=108.0)
     ended = store.trial_time(trial, now=1000.0)  # closed: the time since does not count
     assert ended["wall"] == 8.0 and ended["other"] == pytest.approx(1.5)
