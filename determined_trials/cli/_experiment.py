@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections import Counter
 from typing import Any
 
@@ -12,6 +13,7 @@ import yaml
 
 from determined_trials._format import Column, emit, jsonable, local_time, text
 from determined_trials.cli import _common, _search, _trial
+from determined_trials.cli._time import write_time
 from determined_trials.core.store import Experiment, LocalStore
 
 __all__ = ["register"]
@@ -95,8 +97,10 @@ def _describe(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
     exp = store.experiment(args.experiment_id)
     trials = store.trials(exp.id)
+    spent = store.experiment_time(exp.id, now=time.time())
     if _common.output_format(args) == "json":
         record = jsonable(exp)
+        record["time"] = spent
         record["trials"] = jsonable(trials)
         record["checkpoints"] = jsonable(store.checkpoints(experiment_id=exp.id))
         record["best_trial"] = jsonable(_search.best_trial(store, exp))
@@ -110,6 +114,7 @@ def _describe(args: argparse.Namespace) -> int:
     out.write(f"\nTrials ({len(trials)}):\n")
     _trial.write_trial_table(out, trials, fit=_common.table_width(args))
     _search.write_lineage(out, store, exp, trials, fit=_common.table_width(args))
+    write_time(out, spent, "Time (seconds, summed over the trials; goodput: the share that was training)")
     out.write("\nConfig:\n")
     out.write(yaml.safe_dump(jsonable(exp.config), sort_keys=False, default_flow_style=False))
     return 0

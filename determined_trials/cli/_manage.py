@@ -4,14 +4,17 @@ users type (added to the existing command groups)."""
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from determined_trials._format import flat_hparams, local_time, text
+from determined_trials._format import flat_hparams, jsonable, local_time, text
 from determined_trials.cli import _common, _search
 from determined_trials.cli._run import checkpoint_storage_for, group_of
+from determined_trials.cli._time import write_time
 from determined_trials.core.store import LocalStore, RunState, release_dead_owners
 
 __all__ = ["register"]
@@ -35,8 +38,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     delete.add_argument("experiment_id", metavar="ID", type=int, help="experiment id")
     delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     describe = _common.add_command(group_of(commands, "trial"), "describe", _describe,
-                                   "show one trial: state, hyperparameters, checkpoints, latest metrics")
+                                   "show one trial: state, hyperparameters, checkpoints, latest metrics, "
+                                   "where its wall time went")
     describe.add_argument("trial_id", metavar="TRIAL_ID", type=int, help="trial id")
+    describe.add_argument("--json", dest="fmt", action="store_const", const="json", default="table",
+                          help="print the trial's record and its time parts as JSON")
 
 
 def _kill(args: argparse.Namespace) -> int:
@@ -124,6 +130,10 @@ def _describe(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
     release_dead_owners(store)
     trial = store.trial(args.trial_id)
+    spent = store.trial_time(trial.id, now=time.time())
+    if _common.output_format(args) == "json":
+        sys.stdout.write(json.dumps({**jsonable(trial), "time": spent}, indent=2, allow_nan=False) + "\n")
+        return 0
     exp = store.experiment(trial.experiment_id)
     raw = exp.config.get("searcher")
     searcher: dict[str, Any] = raw if isinstance(raw, dict) else {}
@@ -161,4 +171,5 @@ def _describe(args: argparse.Namespace) -> int:
     width = max(len(k) for k, _ in shown_pairs)
     sys.stdout.write(f"Trial {trial.id}\n")
     sys.stdout.writelines(f"  {k + ':':<{width + 1}} {v}\n" for k, v in shown_pairs)
+    write_time(sys.stdout, spent, "Time (seconds; where the trial's wall time went)")
     return 0

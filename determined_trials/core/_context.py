@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -97,6 +98,7 @@ class Context:
         self._tracking = tracking  # the config naming trackers, the run folder
         self._trackers: TrackerForwarder | None = None
         self._ending = Outcome.PAUSED  # until __exit__ says how the trial ended
+        self.opened_at = time.time()  # when building the trial began (a trainer's init() sets it before core.init)
 
     @property
     def info(self) -> ClusterInfo:

@@ -18,7 +18,7 @@ from determined_trials.core._metrics import (
     to_json_metrics,
 )
 from determined_trials.core._tensorboard import ScalarWriter, tag_for
-from determined_trials.core.store import DisplayFields, ReportBuffer
+from determined_trials.core.store import DisplayFields, HeldTime, ReportBuffer
 
 if TYPE_CHECKING:
     from determined_trials.core._distributed import DistributedContext
@@ -68,7 +68,8 @@ class TrainContext:
         self._smaller_is_better = smaller_is_better
         self._tb_writer = ScalarWriter(tensorboard_dir) if self._writes_tensorboard() else None
         self._display = DisplayFields(store, trial_id)
-        self._reports = ReportBuffer(store, trial_id, after_store=self._display.write)  # progress goes with batches
+        self._time = HeldTime(store, trial_id)
+        self._reports = ReportBuffer(store, trial_id, after_store=self._after_store)  # progress goes with batches
         self._keys_at_step: dict[str, tuple[int, set[str]]] = {}
         self._warned_non_finite: set[tuple[str, str]] = set()
 
@@ -174,6 +175,24 @@ class TrainContext:
         if self._tb_writer is not None:
             self._tb_writer.restart_at(0 if steps_completed is None else steps_completed + 1)
 
+    def add_time(self, part: str, seconds: float) -> None:
+        """Add ``seconds`` to the trial's time part ``part`` (one of ``core.store.TIME_PARTS``: where its wall time
+        went); stored with the next store of reports and at close. The loop calls it at its boundaries (chief)."""
+        self._time.add(part, seconds)
+
+    def set_batches_reached(self, batches: int) -> None:
+        """The trial has trained ``batches`` batches (a restart from an earlier checkpoint trains those after it
+        again: the replay part); stored with the time parts."""
+        self._time.reached(batches)
+
+    def batches_reached(self) -> int:
+        """The most batches any earlier attempt of the trial trained (stored)."""
+        return self._store.batches_reached(self._trial_id)
+
+    def _after_store(self) -> None:
+        self._display.write()
+        self._time.write()
+
     def flush_reports(self) -> None:
         """Store the reports still held back (see ``report_training_metrics``)."""
         self._reports.flush()
@@ -187,6 +206,7 @@ class TrainContext:
         try:
             self._reports.flush()
             self._display.write()
+            self._time.write()
         finally:
             if self._tb_writer is not None:
                 self._tb_writer.close()

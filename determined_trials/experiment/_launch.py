@@ -7,12 +7,14 @@ import os
 import re
 import shlex
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from determined_trials._info import CLUSTER_INFO_ENV, ClusterInfo, TrialInfo
 from determined_trials.config import CONFIG_WARNED_ENV
+from determined_trials.core.store import SPAWNED_AT_ENV
 from determined_trials.launch import entrypoint_command
 
 __all__ = ["CONFIG_ENV", "LATEST_CHECKPOINT_ENV", "RUN_DIR_ENV", "TrialLaunch", "trial_command", "trial_environment"]
@@ -84,5 +86,6 @@ def trial_environment(
     env["DET_JOB_ID"] = f"trial-{launch.experiment_id}.{launch.trial_id}.{launch.run_id}-{uuid.uuid4().hex[:12]}"
     # `python3 train.py` in an entrypoint means the interpreter that runs det-trials.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env[SPAWNED_AT_ENV] = repr(time.time())  # the trial's `start` time part begins here
     env.update(extra or {})
     return env

@@ -53,12 +53,14 @@ class ExperimentRunner(TrialOutcomes):
     def _loop(self) -> None:
         while True:
             self._apply_stop()
+            self._stamp_queued()
             stopping = self._pausing or self._failure is not None
             while not stopping and self._queue and len(self._running) < self._max_parallel:
                 self._start(self._queue[0])  # leaves the queue once running: a kill in between loses nothing
             if not self._running and (stopping or not self._queue):
                 return
             self._reap()
+            self._stamp_queued()
             self._display.update(self._searcher.progress())
             time.sleep(_POLL_S)
 
@@ -94,6 +96,7 @@ class ExperimentRunner(TrialOutcomes):
             code = running.proc.poll()
             if code is not None:
                 del self._running[trial_id]
+                self.store.end_trial_attempt(trial_id)  # the attempt's wall: queued to the process's exit
                 self._free_gpus.extend(running.gpus)
                 self._on_exit(running, code)
                 self._save_state()
@@ -111,6 +114,7 @@ class ExperimentRunner(TrialOutcomes):
         length = self._searcher.next_length(work.request_id)
         if length is None:
             self._queue.remove(work)
+            self._queued_since.pop(work.request_id, None)
             self.store.set_trial_state(trial_id, RunState.COMPLETED, "stopped by the searcher")
             self._collect([trial_id])
             return
@@ -129,6 +133,7 @@ class ExperimentRunner(TrialOutcomes):
         self.store.set_trial_state(trial_id, RunState.ACTIVE)
         where = f" from checkpoint {latest.uuid} (step {latest.steps_completed})" if latest else ""
         self._say(f"trial {trial_id} starts{where}: training to length {length}")
+        self._attempt_starts(work, trial_id)
         proc = self._executor.start(TrialJob(
             launch=launch, entrypoint=self._config.entrypoint, slots=self._config.resources.slots_per_trial,
             run_dir=self.store.path, trial_dir=trial_dir, model_dir=self._model_dir, config_path=self._config_path,
@@ -147,6 +152,7 @@ class ExperimentRunner(TrialOutcomes):
 
     # -- the end ----------------------------------------------------------------------------------
     def _finish(self) -> str:
+        self._unqueue_all()
         self._executor.close()
         self._display.close()
         if self._canceled:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,7 @@ class RunnerState:
         self._canceled = False  # `det-trials experiment kill`: the experiment ends CANCELED
         self._failure: str | None = None
         self._last_failure: dict[int, str] = {}  # trial id -> how its latest attempt failed
+        self._queued_since: dict[int, float] = {}  # request id -> when its work (re)entered the queue
         self._storage = storage_from_spec(config.checkpoint_storage, default_dir=store.path / "checkpoints")
         self._policy = RetentionPolicy.from_config(config)
         self._executor: TrialExecutor = executor or LocalExecutor()
@@ -128,6 +130,28 @@ class RunnerState:
     def _save_state(self) -> None:
         """Keep the resumable state current, so that `continue` works after a kill -9 of the runner."""
         self.store.set_searcher_state(self.experiment_id, self.state_dict())
+
+    # -- where the trials' time goes: the runner's parts (queued, the wall of each attempt) --------
+    def _stamp_queued(self) -> None:
+        """Work that entered the queue since the last look is queued from now (a trial paused in between is not)."""
+        now = time.time()
+        for work in self._queue:
+            self._queued_since.setdefault(work.request_id, now)
+
+    def _attempt_starts(self, work: Work, trial_id: int) -> None:
+        """The trial's process starts now: its wait for a slot is ``queued``, its attempt is open from then."""
+        now = time.time()
+        since = min(now, self._queued_since.pop(work.request_id, now))
+        self.store.add_trial_time(trial_id, {"queued": now - since})
+        self.store.set_trial_attempt(trial_id, since)
+
+    def _unqueue_all(self) -> None:
+        """The runner ends with work still queued: that wait was the trials' ``queued`` time (and wall)."""
+        now = time.time()
+        for work in self._queue:
+            since = self._queued_since.pop(work.request_id, None)
+            if work.trial_id is not None and since is not None:
+                self.store.add_trial_time(work.trial_id, {"queued": now - since, "wall": now - since})
 
     # -- services ---------------------------------------------------------------------------------
     def _echo_for(self, trial_id: int) -> TracebackCondenser:

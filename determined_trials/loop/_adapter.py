@@ -102,7 +102,7 @@ class TrialAdapter(Protocol):
     Every method is called on every rank, except ``save`` (chief only unless ``save_mode.sharded``). Metrics
     returned by ``training_metrics`` and ``validate`` are already reduced across batches and ranks and are
     the same on every rank. An adapter subclasses this protocol to inherit the defaults of ``save_mode``,
-    ``prepare_checkpoint`` and ``batch_metrics``.
+    ``prepare_checkpoint``, ``batch_metrics`` and ``take_data_wait``.
     """
 
     framework: str
@@ -121,6 +121,11 @@ class TrialAdapter(Protocol):
     def batch_metrics(self) -> list[dict[str, Any]]:
         """The last workload's per-batch metrics for ``on_training_workload_end``. Default: none kept."""
         return []
+
+    def take_data_wait(self) -> float:
+        """Seconds spent waiting for training data since the last call, as far as the adapter knows it without
+        a per-batch cost (the trial's ``data_wait`` time part; the loop asks after each workload). Default: 0."""
+        return 0.0
 
     def load(self, path: Path) -> None:
         """Restore models, optimizers, RNGs and callback state from a checkpoint folder."""

@@ -9,6 +9,7 @@ import dataclasses
 import enum
 import logging
 import math
+import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from determined_trials.loop._clock import Clock
 from determined_trials.loop._hooks import HookRunner
 from determined_trials.loop._progress import Progress, progress_enabled, summary_line
 from determined_trials.loop._schedule import Boundary, Schedule
+from determined_trials.loop._time_parts import TrialTimer
 from determined_trials.loop._units import TrainUnit, unit_from_length
 
 if TYPE_CHECKING:
@@ -91,6 +93,7 @@ class Controller:
         self._progress: Progress | None = None
         self._checkpointer = Checkpointer(core=core, adapter=adapter, hooks=hooks)
         self._final_batch: int | None = None  # with max_length: nothing trains after this batch
+        self._timer = TrialTimer(core, chief=self._is_chief)  # where the trial's time goes, at the boundaries
 
     def run(self, latest_checkpoint: str | None = None) -> ExitReason:
         """Train until the length is reached, the trial is preempted or it asks to stop."""
@@ -101,8 +104,10 @@ class Controller:
             self._hooks.call("on_training_start")
             if self._settings.profiling_enabled:
                 self._core.profiler.on()
+            self._timer.training_starts()
             reason = self._train(shape)
-            self._checkpointer.wait()  # the last checkpoint is stored (and its hook fired) before run returns
+            with self._timer.held("checkpoint"):
+                self._checkpointer.wait()  # the last checkpoint is stored (and its hook fired) before run returns
             return reason
         finally:
             self._shutdown()
@@ -113,7 +118,7 @@ class Controller:
         if latest_checkpoint is None:
             self._hooks.call("on_trial_startup", 0, None)
             return
-        with self._core.checkpoint.restore_path(latest_checkpoint) as path:
+        with self._timer.restoring(), self._core.checkpoint.restore_path(latest_checkpoint) as path:
             self._state.load_state_dict(_read_trial_state(path, latest_checkpoint))
             self._state.trial_id = self._core.info.trial.trial_id
             self._hooks.call("on_trial_startup", self._state.batches_trained, latest_checkpoint)
@@ -168,9 +173,14 @@ class Controller:
             end = state.batches_trained + 1
         else:
             end = schedule.next_boundary(state.batches_trained, target.batches)
-        self._adapter.train(end - state.batches_trained, state, self._stop_check())
-        fired = schedule.fired(state.batches_trained, target.batches)
-        self._end_workload(target.full)
+        began, first = time.perf_counter(), state.batches_trained
+        try:
+            self._adapter.train(end - first, state, self._stop_check())
+            fired = schedule.fired(state.batches_trained, target.batches)
+            self._end_workload(target.full)
+        finally:  # a failed workload's batches count too: a restart trains them again (replay)
+            self._timer.trained(time.perf_counter() - began, first, state.batches_trained,
+                                self._adapter.take_data_wait())
         if self._exit is not None:
             return True
         # the run's (or the operation's) end always validates: before a checkpoint taken there, as at any boundary
@@ -248,6 +258,13 @@ class Controller:
             self._progress.say(summary_line("training", state.batches_trained, state.epochs_trained, metrics))
 
     def _validate(self) -> None:
+        with self._timer.held("validation"):
+            take_checkpoint = self._validate_and_report()
+        if take_checkpoint:
+            self._checkpoint_if_needed()
+
+    def _validate_and_report(self) -> bool:
+        """Validate, report, and say whether the checkpoint policy wants a checkpoint now."""
         state = self._state
         if self._is_chief:
             self._core.train.set_status("validating")
@@ -267,8 +284,7 @@ class Controller:
             self._core.train.set_status("training")
         if self._dist.get_size() > 1:
             take_checkpoint = bool(self._dist.broadcast(take_checkpoint))
-        if take_checkpoint:
-            self._checkpoint_if_needed()
+        return take_checkpoint
 
     def _check_searcher_metric(self, metrics: dict[str, Any]) -> None:
         """At every validation, whatever the checkpoint policy: a metric the user's config names must be
@@ -298,7 +314,8 @@ class Controller:
             return
         state.last_checkpoint = state.batches_trained
         final = final or (self._final_batch is not None and state.batches_trained >= self._final_batch)
-        self._checkpointer.save(state, final=final)
+        with self._timer.held("checkpoint"):
+            self._checkpointer.save(state, final=final)
 
     def _complete_reached_operations(self, shape: DataShape) -> None:
         """``fit(max_length=...)`` under a searcher: the operations the run trained through are

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
@@ -65,11 +66,13 @@ def open_trial_context(
     ``from_environment`` gives, closed at the end), RNGs seeded from the trial seed, then
     ``make_context(core)``, closed on the way out. In a plain script the trial is settled later, by
     ``fit`` (resuming an earlier trial, or this run's own) or by the first use of what is bound to it."""
+    opened_at = time.time()  # the trial's build part begins (the time parts: loop/_time_parts)
     dist = distributed or from_environment()
     with contextlib.ExitStack() as owned:
         if distributed is None and dist is not None:
             owned.callback(dist.close)  # ours (from the environment): close it, or the next init collides
         core_context = owned.enter_context(core.init(distributed=dist, config=config, run_dir=run_dir))
+        core_context.opened_at = opened_at
         seed(core_context.peek_trial().trial_seed)  # fit may still settle the trial as an earlier one
         context = make_context(core_context)
         try:

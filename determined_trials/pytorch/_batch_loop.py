@@ -4,6 +4,7 @@ Both report their batches to the loop's clock."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,14 @@ class BatchLoop:
     _train_metrics: TrainingMetrics
     _kept_batches: list[Any] | None
     _after_first_batch: Callable[[], None] | None  # run once, after this process's first batch
+    _data_wait_s: float = 0.0  # getting the loader's iterator at a run's start (its workers, at an epoch's start)
+
+    def take_data_wait(self) -> float:
+        """Seconds spent getting the data loader's iterator since the last call (the loop's ``data_wait``: timed
+        once per run of batches, at its start; a wait for a later batch is not timed, which would cost a clock
+        read per batch)."""
+        waited, self._data_wait_s = self._data_wait_s, 0.0
+        return waited
 
     def train(self, num_batches: int, clock: Clock, should_stop: StopCheck) -> None:
         assert self._stream is not None, "start_training() first"
@@ -77,7 +86,9 @@ class BatchLoop:
         move = context.to_device if context.experimental._auto_to_device else None
         # on a CPU trial, a run whose first batch holds CPU tensors needs no move (to_device returns them)
         check_first = move is not None and context.device == CPU
+        began = time.perf_counter()
         train_batch, iterator, tensor_type = self._trial.train_batch, stream.loader_iterator(), torch.Tensor
+        self._data_wait_s += time.perf_counter() - began
         last_of_epoch = first - in_epoch + stream.epoch_len - 1
         preempt, decide = should_stop.local_preempt, should_stop.decide
         trained = kept = 0

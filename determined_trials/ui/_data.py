@@ -8,6 +8,7 @@ import math
 import operator
 import os
 import stat
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,6 +137,7 @@ def experiment(store: LocalStore, experiment_id: int) -> dict[str, Any]:
     out["searched_hparams"] = [name for name, spec in specs if _searched(spec)]
     out["metric_names"] = {g: store.metric_names(exp.id, g) for g in ("training", "validation")}
     out["param_importances"] = param_importances(exp)  # optuna's, from 10 completed trials on; else null
+    out["time"] = store.experiment_time(exp.id, now=time.time())  # the trials' parts summed, with "goodput"
     return out
 
 
@@ -172,7 +174,8 @@ def trial(store: LocalStore, trial_id: int) -> dict[str, Any]:
     out.update(experiment_name=exp.name, experiment_state=exp.state, searcher=searcher,
                config=clean(exp.config), metric_groups=store.metric_groups(t.id),
                trackers={name: {"run_id": run["run_id"], "url": run["url"]}
-                         for name, run in store.tracker_runs(t.id).items()})
+                         for name, run in store.tracker_runs(t.id).items()},
+               time=store.trial_time(t.id, now=time.time()))  # where its wall time went, in seconds
     return out
 
 

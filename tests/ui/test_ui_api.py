@@ -371,3 +371,36 @@ def test_a_plain_trainer_fit_run(tmp_path: Path) -> None:
     assert "validation_loss" in validation
     uuids = [c["uuid"] for c in client.get(f"/api/v1/trials/{trial['id']}/checkpoints").json()["checkpoints"]]
     assert uuids == [c.uuid for c in info["checkpoints"]] and uuids
+
+
+_TIME_KEYS = {"queued", "start", "build", "train", "data_wait", "validation", "checkpoint", "restore", "replay",
+              "other", "wall"}
+
+
+def test_api_time_of_a_trial_and_its_experiment(run_dir: Path) -> None:
+    store = LocalStore(run_dir)
+    store.add_trial_time(1, {"queued": 1.0, "start": 2.0, "train": 6.0, "replay": 1.0, "wall": 12.0})
+    store.add_trial_time(2, {"build": 1.0, "train": 2.0, "validation": 0.5, "checkpoint": 0.5, "wall": 4.0})
+    client = _client(run_dir)
+    trial = client.get("/api/v1/trials/1").json()["time"]
+    assert set(trial) == _TIME_KEYS
+    assert (trial["train"], trial["replay"], trial["other"], trial["wall"]) == (6.0, 1.0, 2.0, 12.0)
+    summed = client.get("/api/v1/experiments/1").json()["time"]
+    assert set(summed) == _TIME_KEYS | {"goodput"}
+    assert (summed["train"], summed["other"], summed["wall"]) == (8.0, 2.0, 16.0)
+    assert summed["goodput"] == pytest.approx(0.5)
+    assert client.get("/api/v1/trials/3").json()["time"]["wall"] == 0.0  # nothing recorded: zeros
+
+
+@pytest.mark.usefixtures("cpu_device")
+def test_api_time_of_a_plain_trainer_fit(tmp_path: Path) -> None:
+    """A plain script's fit (no runner): the loop's parts, no queue or process start, its wall their sum."""
+    from trials_pytorch import LinearTrial, config, fit
+
+    from determined_trials.pytorch import Batch
+
+    _, _, info = fit(LinearTrial, config({"lr": 0.05}), tmp_path, max_length=Batch(8))
+    spent = _client(tmp_path).get(f"/api/v1/trials/{info['trial_id']}").json()["time"]
+    assert spent["train"] > 0 and spent["build"] > 0 and spent["validation"] > 0 and spent["checkpoint"] > 0, spent
+    assert spent["queued"] == spent["start"] == spent["restore"] == spent["replay"] == spent["other"] == 0.0, spent
+    assert spent["wall"] == pytest.approx(sum(v for k, v in spent.items() if k != "wall"))

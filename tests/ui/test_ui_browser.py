@@ -271,3 +271,23 @@ def test_sorting_the_trials_table_and_an_unknown_id(tmp_path: Path, watched: Wat
         assert "trial 42 not found" in str(page.text_content("#not-found"))
         assert page.query_selector("#kill") is None
         watched.assert_same_origin(base)
+
+
+def test_the_trial_and_experiment_pages_show_where_the_time_went(tmp_path: Path, watched: Watched) -> None:
+    run_dir = tmp_path / "runs"
+    store = make_store(run_dir)
+    store.add_trial_time(1, {"start": 2.0, "train": 6.0, "replay": 1.0, "wall": 12.0})
+    store.add_trial_time(2, {"train": 2.0, "wall": 4.0})
+    store.close()
+    page = watched.page
+    with running_ui(run_dir) as (base, token):
+        page.goto(login_url(base, token, "/trials/1"))
+        page.wait_for_selector('#trial-time tr[data-part="replay"]')
+        assert page.text_content('#trial-time tr[data-part="replay"]') == "replay1.00 s8.3 %"
+        assert page.text_content('#trial-time tr[data-part="other"]') == "other3.00 s25.0 %"
+        assert page.query_selector('#trial-time tr[data-part="goodput"]') is None
+        page.goto(base + "/experiments/1")
+        page.wait_for_selector('#experiment-time tr[data-part="goodput"]')
+        assert page.text_content('#experiment-time tr[data-part="wall"]') == "wall16.00 s100.0 %"
+        assert page.text_content('#experiment-time tr[data-part="goodput"]') == "goodput50.0 %train / wall"
+        watched.assert_same_origin(base)

@@ -7,7 +7,7 @@ import enum
 import os
 import pickle
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -154,6 +154,9 @@ class RemoteStore:
     def mark_checkpoint_deleted(self, uuid: str) -> None:
         self.call("mark_checkpoint_deleted", uuid)
 
+    def add_trial_time(self, trial_id: int, parts: Mapping[str, float], batches_reached: int | None = None) -> None:
+        self.call("add_trial_time", trial_id, parts, batches_reached)
+
     def experiment(self, experiment_id: int) -> Experiment:
         return self.call("experiment", experiment_id)
 
@@ -180,6 +183,9 @@ class RemoteStore:
 
     def latest_checkpoint(self, trial_id: int) -> CheckpointRecord | None:
         return self.call("latest_checkpoint", trial_id)
+
+    def batches_reached(self, trial_id: int) -> int:
+        return self.call("batches_reached", trial_id)
 
     def tracker_run(self, trial_id: int, tracker: str) -> dict[str, Any] | None:
         return self.call("tracker_run", trial_id, tracker)

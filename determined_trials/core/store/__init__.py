@@ -5,9 +5,10 @@ trials; ``_result_writes``: metrics and checkpoints) over one connection per pro
 reads and their record types (``_reads``, ``_records``), training reports held and stored a second at a time
 (``_report_buffer``), experiment owners (``_owner``: pid + start time), settling checkpoints a killed writer left
 (``_checkpoint_recovery``) and the checkpoint retention policy that the runner and a plain ``fit`` share
-(``_retention``), and the states it records (``_states``: ``RunState`` of experiments and
-trials, ``CheckpointState``; both re-exported here for the rooms above), and the contract of a trial process's
-store calls (``_trial_store``: ``TrialStore``, which ``LocalStore`` and the store channel's client implement).
+(``_retention``), each trial's time parts (``_trial_time``: where its wall time went), and the
+states it records (``_states``: ``RunState`` of experiments and trials, ``CheckpointState``; both
+re-exported here for the rooms above), and the contract of a trial process's store calls (``_trial_store``:
+``TrialStore``, which ``LocalStore`` and the store channel's client implement).
 
 ``core.storage`` to delete and settle checkpoint folders. Never ``core.transport`` or ``core.channel`` (the
 network sits above the store), nor any framework.
@@ -31,7 +32,7 @@ from determined_trials.core.store._records import (
     Trial,
     dumps,
 )
-from determined_trials.core.store._report_buffer import DisplayFields, ReportBuffer
+from determined_trials.core.store._report_buffer import DisplayFields, HeldTime, ReportBuffer
 from determined_trials.core.store._retention import (
     RetentionPolicy,
     checkpoint_scores,
@@ -41,8 +42,11 @@ from determined_trials.core.store._retention import (
 )
 from determined_trials.core.store._states import CheckpointState, RunState
 from determined_trials.core.store._trial_store import TRIAL_STORE_METHODS, TrialStore
+from determined_trials.core.store._trial_time import SPAWNED_AT_ENV, TIME_PARTS, summed_time, time_breakdown
 
 __all__ = [
+    "SPAWNED_AT_ENV",
+    "TIME_PARTS",
     "TRIAL_STORE_METHODS",
     "TrialStore",
     "SearcherOpRecord",
@@ -51,6 +55,7 @@ __all__ = [
     "CheckpointRecord",
     "DisplayFields",
     "Experiment",
+    "HeldTime",
     "LocalStore",
     "MetricRecord",
     "NotFoundError",
@@ -69,4 +74,6 @@ __all__ = [
     "recover_run_checkpoints",
     "release_dead_owners",
     "remove_stale_staging",
+    "summed_time",
+    "time_breakdown",
 ]

@@ -24,6 +24,7 @@ from determined_trials.core.store._records import (
 from determined_trials.core.store._result_writes import ResultWrites
 from determined_trials.core.store._run_writes import RunWrites
 from determined_trials.core.store._tracker_runs import TrackerRuns
+from determined_trials.core.store._trial_time import TrialTimes
 
 __all__ = [
     "CheckpointRecord",
@@ -38,7 +39,7 @@ __all__ = [
 STORE_FILENAME = "store.sqlite"
 
 
-class LocalStore(RunWrites, ResultWrites, TrackerRuns):
+class LocalStore(RunWrites, ResultWrites, TrackerRuns, TrialTimes):
     """The run dir's database: write methods for the Core API, read methods for users and the CLI.
 
     Safe to share across threads and across ``fork``: each process opens its own connection on

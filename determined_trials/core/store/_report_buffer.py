@@ -1,6 +1,7 @@
 """What a TrainContext stores a little later instead of committing at every call: training reports
 less than a second apart (stored together, in one transaction) and the display-only progress and
-status (the latest value, at most once a second, and with every store of reports)."""
+status (the latest value, at most once a second, and with every store of reports), and the trial's time parts
+(added up, stored with every store of reports and at close)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from determined_trials.core.store._trial_store import TrialStore
 
-__all__ = ["HOLD_S", "DisplayFields", "ReportBuffer"]
+__all__ = ["HOLD_S", "DisplayFields", "HeldTime", "ReportBuffer"]
 
 HOLD_S = 1.0  # the longest a report or display value waits before it is stored (at the next call)
 
@@ -90,3 +91,31 @@ class DisplayFields:
             if "status" in pending:
                 self._store.set_trial_status(self._trial_id, pending["status"])
             self._written_at = time.monotonic()
+
+
+class HeldTime:
+    """Seconds of a trial's time parts (``TIME_PARTS``) and the most batches it reached, added up in memory and
+    stored (added to the store's) by ``write``: with every store of reports and at close, never per batch."""
+
+    def __init__(self, store: TrialStore, trial_id: int) -> None:
+        self._store, self._trial_id = store, trial_id
+        self._parts: dict[str, float] = {}
+        self._reached: int | None = None
+        self._lock = threading.Lock()
+
+    def add(self, part: str, seconds: float) -> None:
+        """Add ``seconds`` to ``part``."""
+        with self._lock:
+            self._parts[part] = self._parts.get(part, 0.0) + seconds
+
+    def reached(self, batches: int) -> None:
+        """The trial has trained ``batches`` batches."""
+        self._reached = batches
+
+    def write(self) -> None:
+        """Store what was added since the last write."""
+        with self._lock:
+            parts, self._parts = self._parts, {}
+            reached, self._reached = self._reached, None
+            if parts or reached is not None:
+                self._store.add_trial_time(self._trial_id, parts, reached)

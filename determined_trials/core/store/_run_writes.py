@@ -75,7 +75,7 @@ class RunWrites(StoreConnection):
         self.experiment(key)
         trials = "SELECT id FROM trials WHERE experiment_id = ?"
         with self._transaction() as conn:
-            for table in ("metrics", "searcher_ops", "checkpoints", "tracker_runs"):
+            for table in ("metrics", "searcher_ops", "checkpoints", "tracker_runs", "trial_time"):
                 conn.execute(f"DELETE FROM {table} WHERE trial_id IN ({trials})", (key,))
             conn.execute("DELETE FROM trials WHERE experiment_id = ?", (key,))
             conn.execute(_OWNERS_TABLE)

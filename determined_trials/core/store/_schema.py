@@ -103,6 +103,12 @@ CREATE TABLE IF NOT EXISTS tracker_runs (
     progress     TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (trial_id, tracker)
 );
+CREATE TABLE IF NOT EXISTS trial_time (
+    trial_id INTEGER NOT NULL REFERENCES trials(id),
+    part     TEXT NOT NULL,  -- a part of _trial_time.TIME_PARTS, wall, or the marks _reached and _open
+    seconds  REAL NOT NULL,
+    PRIMARY KEY (trial_id, part)
+);
 """
 
 

@@ -3,7 +3,7 @@ the runner's store channel (``core.channel``), whose list of served methods is `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -54,6 +54,8 @@ class TrialStore(Protocol):
 
     def mark_checkpoint_deleted(self, uuid: str) -> None: ...
 
+    def add_trial_time(self, trial_id: int, parts: Mapping[str, float], batches_reached: int | None = None) -> None: ...
+
     # -- reads --------------------------------------------------------------------------------------
     def experiment(self, experiment_id: int) -> Experiment: ...
 
@@ -72,6 +74,8 @@ class TrialStore(Protocol):
                     include_deleted: bool = False) -> list[CheckpointRecord]: ...
 
     def latest_checkpoint(self, trial_id: int) -> CheckpointRecord | None: ...
+
+    def batches_reached(self, trial_id: int) -> int: ...
 
     # -- the trial's experiment-tracker runs (the chief's forwarder) --------------------------------
     def tracker_run(self, trial_id: int, tracker: str) -> dict[str, Any] | None: ...

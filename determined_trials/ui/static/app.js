@@ -90,6 +90,20 @@
     fill.style.width = Math.round((p || 0) * 100) + "%";
     return el("span", { class: "progress", id: id }, el("span", { class: "bar" }, fill), p === null ? "" : Math.round(p * 100) + "%");
   }
+  const TIME_PARTS = ["queued", "start", "build", "train", "data_wait", "validation", "checkpoint", "restore", "replay", "other"];
+  // Where the wall time went (seconds, share of the wall; an experiment's: summed over its trials, with the goodput).
+  function fillTime(body, time) {
+    if (!time) return;
+    const wall = time.wall || 0;
+    const share = (s) => (wall > 0 ? (100 * s / wall).toFixed(1) + " %" : "");
+    const rows = TIME_PARTS.concat(["wall"]).map((p) => el("tr", { "data-part": p },
+      el("th", {}, p), el("td", {}, (time[p] || 0).toFixed(2) + " s"), el("td", {}, share(time[p] || 0))));
+    if (time.goodput !== undefined) {
+      rows.push(el("tr", { "data-part": "goodput" }, el("th", {}, "goodput"), el("td", {}, (100 * time.goodput).toFixed(1) + " %"),
+        el("td", { class: "muted" }, "train / wall")));
+    }
+    body.replaceChildren(...rows);
+  }
   function crumbs(...items) { document.getElementById("crumbs").replaceChildren(...items); }
   function main(...children) { document.getElementById("main").replaceChildren(...children); }
 
@@ -339,8 +353,10 @@
     const hpBox = el("div", { id: "hparams" });
     const search = searchBlock(id);
     const importanceBox = el("section", { id: "importances", hidden: true });
+    const timeBody = el("tbody");
     main(title, summary, actions.bar,
       el("section", {}, el("h2", {}, "Trials"), tableBox),
+      el("section", {}, el("h2", {}, "Where the time went (all trials)"), el("table", { id: "experiment-time" }, timeBody)),
       el("section", {}, el("h2", {}, "Learning curves"), el("div", {}, groupSel, metricSel), curves),
       el("section", {}, el("h2", {}, "Hyperparameters against the searcher metric"), hpBox), importanceBox,
       search.section);
@@ -390,6 +406,7 @@
         e.reason ? el("span", { class: "muted wrap", id: "reason" }, e.reason) : "",
         e.state === "ACTIVE" && !e.running ? el("span", { class: "muted", id: "not-running" }, "no process runs it now") : "");
       actions.update(e);
+      fillTime(timeBody, e.time);
       const names = Array.from(new Set(t.trials.flatMap((tr) => Object.keys(flatten(tr.hparams, "", {}))))).sort();
       if (!table || names.join("\u0000") !== hpNames.join("\u0000")) {
         hpNames = names;
@@ -428,7 +445,9 @@
     const ckpts = el("tbody");
     const logs = el("pre", { id: "logs" });
     const config = el("pre", { id: "config" });
+    const timeBody = el("tbody");
     main(title, el("section", {}, el("table", { id: "trial-info" }, info)),
+      el("section", {}, el("h2", {}, "Where the time went"), el("table", { id: "trial-time" }, timeBody)),
       el("section", {}, el("h2", {}, "Training"), charts.training),
       el("section", {}, el("h2", {}, "Validation"), charts.validation),
       el("section", {}, el("h2", {}, "Checkpoints"), el("div", { class: "table-wrap" }, el("table", { id: "checkpoints" },
@@ -468,6 +487,7 @@
       }
       for (const [k, v] of Object.entries(flatten(t.hparams, "", {}))) rows.push(["hp " + k, fmtNum(v)]);
       info.replaceChildren(...rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", { "data-field": k }, v))));
+      fillTime(timeBody, t.time);
       ckpts.replaceChildren(...c.checkpoints.map((k) => el("tr", { "data-uuid": k.uuid },
         el("td", {}, k.uuid), el("td", {}, String(k.steps_completed)), el("td", {}, stateBadge(k.state)),
         el("td", {}, fmtSize(k.size)), el("td", {}, fmtTime(k.report_time)))));
