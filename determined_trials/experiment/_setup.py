@@ -27,6 +27,7 @@ from determined_trials.experiment._report import Display, TrialSummary, summariz
 from determined_trials.experiment._runner import ExperimentRunner
 from determined_trials.experiment._snapshot import DEFAULT_MAX_CONTEXT_BYTES, snapshot_context
 from determined_trials.experiment._tracebacks import SOURCE_FILE
+from determined_trials.experiment._warm_start import resolve_warm_start
 
 __all__ = ["ExperimentError", "ExperimentResult", "continue_experiment", "create_experiment", "parallelism",
            "visible_gpus"]
@@ -142,12 +143,14 @@ def create_experiment(
         parsed = load_config(_absolute_storage(parsed.as_dict(), Path.cwd()))
     searcher = (searcher_factory or _default_searcher)(parsed)
     run_path = resolve_run_dir(run_dir)
+    storage = storage_from_spec(parsed.checkpoint_storage, default_dir=run_path / "checkpoints")
     try:  # a missing bucket or refused credentials: before anything is recorded or started
-        storage_from_spec(parsed.checkpoint_storage, default_dir=run_path / "checkpoints").check()
+        storage.check()
     except StorageError as exc:
         raise ExperimentError(str(exc)) from None
     check_trackers(parsed, run_path)  # a missing package or an unanswering MLflow server, before any trial
     store = LocalStore(run_path)
+    warm_start = resolve_warm_start(parsed, store, storage)  # an unknown source trial or checkpoint: ConfigError
     display = display or Display(progress=False)
     staging = _snapshot_to_staging(Path(context_dir), run_path, max_context_bytes, display)
     try:
@@ -171,7 +174,7 @@ def create_experiment(
         model_dir=exp_dir / "model", config_path=config_path, display=display, requested_parallel=max_parallel,
         **_placement(ray, store, exp_dir / "model", config_path, parsed, max_parallel),
     )
-    runner.start_fresh()
+    runner.start_fresh(warm_start)
     return _result(store, experiment_id, runner.run(), parsed)
 
 

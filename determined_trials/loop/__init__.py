@@ -7,7 +7,14 @@ Imports neither torch nor tensorflow; the PyTorch, DeepSpeed and Keras adapters 
 May import: errors, _info, config, core.*
 """
 
-from determined_trials.loop._adapter import DataShape, SaveMode, ShardedAsyncSaver, SnapshotSaver, TrialAdapter
+from determined_trials.loop._adapter import (
+    DataShape,
+    SaveMode,
+    ShardedAsyncSaver,
+    SnapshotSaver,
+    TrialAdapter,
+    first_mismatched_key,
+)
 from determined_trials.loop._clock import Clock, ClockView
 from determined_trials.loop._controller import (
     CHECKPOINT_FORMAT,
@@ -62,6 +69,7 @@ __all__ = [
     "TrainUnit",
     "TrialAdapter",
     "allgather",
+    "first_mismatched_key",
     "progress_enabled",
     "reduce_across_ranks",
     "summary_line",
