@@ -100,12 +100,11 @@ class ExperimentRunner(TrialOutcomes):
 
     # -- starting ---------------------------------------------------------------------------------
     def _start(self, work: Work) -> None:
-        warm = self._warm_start if work.warm_start is None else None  # a PBT child continues its parent instead
         if work.trial_id is None:
             work.trial_id = self.store.create_trial(
                 experiment_id=self.experiment_id, hparams=work.hparams, seed=work.seed,
-                parent_trial_id=warm.trial_id if warm else work.parent_trial_id,
-                parent_checkpoint=warm.checkpoint if warm else work.warm_start, search_round=work.search_round,
+                parent_trial_id=work.parent_trial_id, parent_checkpoint=work.warm_start,
+                search_round=work.search_round,
             )
             self._save_state()  # the new trial is in the saved queue: a killed runner's `continue` runs it, once
         trial_id = work.trial_id
@@ -120,11 +119,12 @@ class ExperimentRunner(TrialOutcomes):
         latest = self.store.latest_checkpoint(trial_id)
         if latest is None and work.warm_start is not None:  # a PBT child: its parent's checkpoint is its own
             latest = self.store.checkpoint(work.warm_start)
+        warm = self._warm_start if latest is None else None  # searcher.source_*: a trial without a checkpoint
         launch = TrialLaunch(
             experiment_id=self.experiment_id, trial_id=trial_id, hparams=work.hparams, seed=work.seed,
             config=self._config_dict, length=int(length), latest_checkpoint=latest.uuid if latest else None,
             steps_completed=latest.steps_completed if latest else 0, run_id=1 + trial.restarts,
-            warm_start_checkpoint=warm.checkpoint if warm and latest is None else None,
+            warm_start_checkpoint=warm.checkpoint if warm else None,
         )
         trial_dir = self._exp_dir / f"trial_{trial_id}"
         gpus = self._take_gpus()

@@ -1,11 +1,13 @@
 """Determined's warm start through `det-trials experiment create`: with ``searcher.source_trial_id`` or
 ``source_checkpoint_uuid`` every trial starts from that checkpoint's model weights (its first batch sees them
-exactly) with fresh counters, data position, optimizer and LR schedule; a model that does not fit fails before
+exactly) with fresh counters, data position, optimizer and LR schedule, and `experiment describe` says where
+they started; a model that does not fit fails before
 any training, naming the first mismatched key; an unknown trial or checkpoint is a ConfigError at create."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from support.helpers_experiment import create
 from support.helpers_paths import SUPPORT
 from trials_warm_start import FIRST_BATCH
 
+from determined_trials.cli.main import main
 from determined_trials.core import LocalStore
 from determined_trials.errors import ConfigError
 from determined_trials.experiment import create_experiment
@@ -68,7 +71,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
 
 @pytest.mark.parametrize("key", ["source_trial_id", "source_checkpoint_uuid"])
 def test_every_trial_starts_from_the_source_weights_with_fresh_counters(
-        source: tuple[Path, Path, str], tmp_path: Path, key: str) -> None:
+        source: tuple[Path, Path, str], tmp_path: Path, key: str, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir, ctx, uuid = source
     searcher = {"name": "random", "max_trials": 2, "max_length": {"batches": 3},
                 key: 1 if key == "source_trial_id" else uuid}
@@ -87,7 +90,10 @@ def test_every_trial_starts_from_the_source_weights_with_fresh_counters(
         assert first["optimizer_state"] == 0 and first["lr"] == pytest.approx(trial.hparams["lr"])  # fresh optimizer
         assert [m.steps_completed for m in store.metrics(trial.id, "training")][0] == 1
         assert store.latest_checkpoint(trial.id).steps_completed == 3  # max_length from 0, not from the source's 5
-        assert (trial.parent_trial_id, trial.parent_checkpoint) == (1, uuid)  # where it started, in the store
+    capsys.readouterr()
+    assert main(["--run-dir", str(run_dir), "experiment", "describe", str(experiment.id)]) == 0
+    assert re.search(rf"\n  warm start: +every trial from the model weights of checkpoint {uuid} \(trial 1\)\n",
+                     capsys.readouterr().out)
 
 
 def test_a_source_model_that_does_not_fit_fails_before_training_naming_the_key(
