@@ -9,6 +9,7 @@ from typing import Any
 from determined_trials.core.storage import storage_from_spec
 from determined_trials.core.store import LocalStore, RetentionPolicy, collect_garbage
 from determined_trials.experiment._executor import LocalExecutor, TrialExecutor, TrialHandle
+from determined_trials.experiment._fork import ForkStart
 from determined_trials.experiment._report import Display
 from determined_trials.experiment._tracebacks import TracebackCondenser
 from determined_trials.experiment._warm_start import WarmStart
@@ -87,11 +88,15 @@ class RunnerState:
         searcher.cap_in_flight(self._max_parallel)  # e.g. optuna's: never more trials asked than run at once
 
     # -- set-up and saved state -----------------------------------------------------------------
-    def start_fresh(self, warm_start: WarmStart | None = None) -> None:
-        """Queue the searcher's initial trials (``warm_start``: the checkpoint each starts from, weights only)."""
+    def start_fresh(self, warm_start: WarmStart | None = None, fork: ForkStart | None = None) -> None:
+        """Queue the searcher's initial trials (``warm_start``: the checkpoint each starts from, weights only;
+        ``fork``: the one trial continues that checkpoint, with its parent's seed, as a PBT child does)."""
         self._warm_start = warm_start
         self._queue = [Work(r.request_id, dict(r.hparams), int(r.seed), search_round=r.search_round)
                        for r in self._searcher.initial_trials()]
+        if fork is not None:
+            first = self._queue[0]
+            first.seed, first.warm_start, first.parent_trial_id = fork.seed, fork.checkpoint, fork.parent_trial_id
 
     def state_dict(self) -> dict[str, Any]:
         """The runner's and the searcher's resumable state (JSON-able)."""

@@ -1,0 +1,111 @@
+"""`det-trials trial fork`: a new experiment whose one trial continues a checkpoint exactly. A fork with nothing
+changed, and a fork of that fork, end bitwise where an uninterrupted run of the parent does (Adam, a StepLR,
+shuffled data); a fork with `--set hyperparameters.lr=...` keeps the optimizer's state and the schedule and
+rescales the lr (PBT's rule); `trial describe` names the parent; an unknown trial is an error."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from support.helpers_experiment import create
+from support.helpers_paths import SUPPORT
+from trials_warm_start import FIRST_BATCH
+
+from determined_trials.cli.main import main
+from determined_trials.core import LocalStore
+
+pytestmark = pytest.mark.slow
+
+
+def _fork(run_dir: Path, *args: str) -> int:
+    return main(["--run-dir", str(run_dir), "trial", "fork", *args, "--no-progress"])
+
+
+def _config(tmp_path: Path, length: int) -> Path:
+    config = {
+        "name": "parent", "entrypoint": "model_def:WarmTrial", "max_restarts": 0,
+        "hyperparameters": {"global_batch_size": 4, "lr": 0.01, "hidden": 3},
+        "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": length}},
+        "min_validation_period": {"batches": 2}, "scheduling_unit": 1, "reproducibility": {"experiment_seed": 11},
+    }
+    path = tmp_path / f"parent-{length}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _final_state(store: LocalStore, trial_id: int) -> dict[str, Any]:
+    latest = store.latest_checkpoint(trial_id)
+    assert latest is not None
+    return torch.load(store.path / "checkpoints" / latest.uuid / "state_dict.pth", map_location="cpu",
+                      weights_only=True)
+
+
+def _first_batch(run_dir: Path, experiment_id: int, trial_id: int) -> dict[str, Any]:
+    log = (run_dir / "experiments" / str(experiment_id) / f"trial_{trial_id}.log").read_text()
+    return json.loads(next(line for line in log.splitlines() if FIRST_BATCH in line).split(FIRST_BATCH, 1)[1])
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Every tensor and value equal, bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def test_a_fork_continues_its_parent_exactly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir, ctx = tmp_path / "runs", tmp_path / "ctx"
+    ctx.mkdir()
+    shutil.copy(SUPPORT / "trials_warm_start.py", ctx / "model_def.py")
+    assert create(run_dir, _config(tmp_path, 3), ctx) == 0  # experiment 1: the parent, to batch 3
+    assert create(run_dir, _config(tmp_path, 6), ctx) == 0  # experiment 2: the same run, uninterrupted to 6
+    store = LocalStore(run_dir)
+    parent, reference = store.trials(1)[0], store.trials(2)[0]
+    assert parent.seed == reference.seed
+    parent_checkpoint = store.latest_checkpoint(parent.id)
+    assert parent_checkpoint is not None and parent_checkpoint.steps_completed == 3
+
+    assert _fork(run_dir, str(parent.id), "--max-length", "5") == 0  # experiment 3: 3 -> 5
+    fork = store.trials(3)[0]
+    assert (fork.parent_trial_id, fork.parent_checkpoint, fork.seed) == (parent.id, parent_checkpoint.uuid, parent.seed)
+    assert _first_batch(run_dir, 3, fork.id)["batch_idx"] == 3  # continued, not restarted
+    fork_checkpoint = store.latest_checkpoint(fork.id)
+    assert fork_checkpoint is not None and fork_checkpoint.steps_completed == 5
+    assert _fork(run_dir, "--checkpoint", fork_checkpoint.uuid) != 0  # its max_length, 5: nothing to train
+    assert "the fork would train nothing" in capsys.readouterr().err and len(store.experiments()) == 3
+    assert _fork(run_dir, "--checkpoint", fork_checkpoint.uuid, "--max-length", "6") == 0  # a fork of the fork, 5 -> 6
+    fork_of_fork = store.trials(4)[0]
+    assert fork_of_fork.parent_trial_id == fork.id
+    assert _same(_final_state(store, fork_of_fork.id), _final_state(store, reference.id))  # bitwise the parent's run
+
+    capsys.readouterr()
+    assert main(["--run-dir", str(run_dir), "trial", "describe", str(fork.id)]) == 0
+    assert re.search(rf"\n  forked from: +trial {parent.id}, continuing its checkpoint {parent_checkpoint.uuid}\n",
+                     capsys.readouterr().out)
+
+    assert _fork(run_dir, str(parent.id), "--set", "hyperparameters.lr=0.02", "--max-length", "4") == 0
+    changed = store.trials(5)[0]
+    assert changed.hparams["lr"] == 0.02
+    first = _first_batch(run_dir, 5, changed.id)
+    assert first["optimizer_state"] == 4  # Adam's moments of the 4 parameters: the parent's
+    assert first["lr"] == pytest.approx(0.02 * 0.5 ** 3)  # the schedule goes on (3 halvings) from the new base
+    assert first["batch_idx"] == 3
+    saved = torch.load(run_dir / "checkpoints" / parent_checkpoint.uuid / "state_dict.pth", weights_only=True)
+    assert first["weights"] == {k: v.reshape(-1).tolist() for k, v in saved["models_state_dict"][0].items()}
+
+
+def test_forking_an_unknown_trial_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "runs"
+    LocalStore(run_dir).close()
+    assert _fork(run_dir, "7") != 0
+    assert "7" in capsys.readouterr().err
