@@ -102,7 +102,9 @@ def _apply(config: dict[str, Any], override: str) -> None:
                           "and smaller_is_better may change")
     target = config
     for key in keys[:-1]:
-        target = target.setdefault(key, {})
+        if target.get(key) is None:
+            target[key] = {}
+        target = target[key]
         if not isinstance(target, dict):
             raise ConfigError(f"--set {override!r}: {key} is not a section")
     target[keys[-1]] = yaml.safe_load(text)

@@ -109,3 +109,19 @@ def test_forking_an_unknown_trial_is_an_error(tmp_path: Path, capsys: pytest.Cap
     LocalStore(run_dir).close()
     assert _fork(run_dir, "7") != 0
     assert "7" in capsys.readouterr().err
+
+
+def test_set_overrides_reach_the_config_and_bad_ones_are_errors() -> None:
+    from determined_trials.errors import ConfigError
+    from determined_trials.experiment._fork import _apply
+
+    config: dict[str, Any] = {"min_validation_period": None, "hyperparameters": {"lr": 0.1}, "searcher": {}}
+    _apply(config, "min_validation_period.batches=50")
+    _apply(config, "hyperparameters.lr=0.02")
+    _apply(config, "searcher.max_length={batches: 9}")
+    assert config == {"min_validation_period": {"batches": 50}, "hyperparameters": {"lr": 0.02},
+                      "searcher": {"max_length": {"batches": 9}}}
+    for bad, message in (("lr", "KEY.PATH=VALUE"), ("searcher.name=grid", "searcher is `single`"),
+                         ("hyperparameters.lr.x=1", "lr is not a section")):
+        with pytest.raises(ConfigError, match=message):
+            _apply(config, bad)
