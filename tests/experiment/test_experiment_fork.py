@@ -20,6 +20,8 @@ from trials_warm_start import FIRST_BATCH
 
 from determined_trials.cli.main import main
 from determined_trials.core import LocalStore
+from determined_trials.core.storage import storage_from_spec
+from determined_trials.core.store import RetentionPolicy, collect_garbage
 
 pytestmark = pytest.mark.slow
 
@@ -87,6 +89,11 @@ def test_a_fork_continues_its_parent_exactly(tmp_path: Path, capsys: pytest.Capt
     fork_of_fork = store.trials(4)[0]
     assert fork_of_fork.parent_trial_id == fork.id
     assert _same(_final_state(store, fork_of_fork.id), _final_state(store, reference.id))  # bitwise the parent's run
+
+    nothing = RetentionPolicy(metric="validation_loss", save_trial_best=0, save_trial_latest=0)
+    storage = storage_from_spec(None, default_dir=run_dir / "checkpoints")
+    assert collect_garbage(store, storage, 1, [parent.id], nothing) == []  # the fork started from its only one
+    assert store.checkpoint(parent_checkpoint.uuid).state == "COMPLETED"
 
     capsys.readouterr()
     assert main(["--run-dir", str(run_dir), "trial", "describe", str(fork.id)]) == 0
