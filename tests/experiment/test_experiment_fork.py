@@ -30,12 +30,13 @@ def _fork(run_dir: Path, *args: str) -> int:
     return main(["--run-dir", str(run_dir), "trial", "fork", *args, "--no-progress"])
 
 
-def _config(tmp_path: Path, length: int) -> Path:
+def _config(tmp_path: Path, length: int, **top: Any) -> Path:
     config = {
         "name": "parent", "entrypoint": "model_def:WarmTrial", "max_restarts": 0,
         "hyperparameters": {"global_batch_size": 4, "lr": 0.01, "hidden": 3},
         "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": length}},
         "min_validation_period": {"batches": 2}, "scheduling_unit": 1, "reproducibility": {"experiment_seed": 11},
+        **top,
     }
     path = tmp_path / f"parent-{length}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -109,6 +110,22 @@ def test_a_fork_continues_its_parent_exactly(tmp_path: Path, capsys: pytest.Capt
     assert first["batch_idx"] == 3
     saved = torch.load(run_dir / "checkpoints" / parent_checkpoint.uuid / "state_dict.pth", weights_only=True)
     assert first["weights"] == {k: v.reshape(-1).tolist() for k, v in saved["models_state_dict"][0].items()}
+
+
+def test_a_forks_mlflow_run_names_its_parents_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run_dir, ctx = tmp_path / "runs", tmp_path / "ctx"
+    ctx.mkdir()
+    shutil.copy(SUPPORT / "trials_warm_start.py", ctx / "model_def.py")
+    assert create(run_dir, _config(tmp_path, 3, integrations={"mlflow": {}}), ctx) == 0
+    assert _fork(run_dir, "1", "--max-length", "4") == 0
+    store = LocalStore(run_dir)
+    parent_run, fork_run = (store.tracker_run(t, "mlflow")["run_id"] for t in (1, 2))
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlruns' / 'mlflow.db'}")
+    assert client.get_run(fork_run).data.tags["mlflow.parentRunId"] == parent_run
+    assert "mlflow.parentRunId" not in client.get_run(parent_run).data.tags
 
 
 def test_forking_an_unknown_trial_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
