@@ -69,6 +69,10 @@ def fork_plan(*, trial_id: int | None = None, checkpoint: str | None = None, ove
     config["name"] = f"{exp.name} (fork of trial {parent.id})"
     for override in overrides:
         _apply(config, override)
+    if config["hyperparameters"].get("global_batch_size") != parent.hparams.get("global_batch_size"):
+        raise ConfigError("a fork cannot change global_batch_size: the checkpoint's data position and counters are "
+                          "in batches of the parent's size; warm-start a new experiment from it instead "
+                          "(searcher.source_checkpoint_uuid)")
     return ForkPlan(config, Path(exp.model_dir), ForkStart(uuid, parent.id, parent.seed))
 
 

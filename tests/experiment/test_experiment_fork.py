@@ -86,6 +86,8 @@ def test_a_fork_continues_its_parent_exactly(tmp_path: Path, capsys: pytest.Capt
     assert fork_checkpoint is not None and fork_checkpoint.steps_completed == 5
     assert _fork(run_dir, "--checkpoint", fork_checkpoint.uuid) != 0  # its max_length, 5: nothing to train
     assert "the fork would train nothing" in capsys.readouterr().err and len(store.experiments()) == 3
+    assert _fork(run_dir, str(parent.id), "--set", "hyperparameters.global_batch_size=8", "--max-length", "6") != 0
+    assert "cannot change global_batch_size" in capsys.readouterr().err and len(store.experiments()) == 3
     assert _fork(run_dir, "--checkpoint", fork_checkpoint.uuid, "--max-length", "6") == 0  # a fork of the fork, 5 -> 6
     fork_of_fork = store.trials(4)[0]
     assert fork_of_fork.parent_trial_id == fork.id
