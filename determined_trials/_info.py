@@ -50,6 +50,9 @@ class ClusterInfo:
     searcher_lengths: list[int] | None = None
     """The searcher operations (absolute lengths) this process should train through; None: the
     config's ``searcher.max_length`` as one operation."""
+    warm_start_checkpoint: str | None = None
+    """A trial with no checkpoint of its own starts from this checkpoint's model weights, its counters from 0
+    (``searcher.source_trial_id`` / ``source_checkpoint_uuid``, resolved by the experiment runner)."""
 
     @property
     def container_slot_counts(self) -> list[int]:

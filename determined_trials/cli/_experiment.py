@@ -86,11 +86,22 @@ def _summary_lines(store: LocalStore, exp: Experiment) -> list[tuple[str, str]]:
         ("started", local_time(exp.start_time)),
         ("ended", local_time(exp.end_time)),
         ("searcher", searcher),
+        ("warm start", _warm_start_line(exp)),
         ("best validation", "" if best is None else f"{metric} = {text(best)}"),
         ("best trial", _search.best_trial_line(store, exp)),
         ("checkpoints", str(len(store.checkpoints(experiment_id=exp.id)))),
     ]
     return [(k, v) for k, v in pairs if v]
+
+
+def _warm_start_line(exp: Experiment) -> str:
+    """Where a warm-started experiment's trials start (``searcher.source_trial_id`` / ``source_checkpoint_uuid``,
+    as the runner resolved it), else ""."""
+    warm = (exp.searcher_state or {}).get("warm_start")
+    if not warm:
+        return ""
+    trial = f" (trial {warm['trial_id']})" if warm.get("trial_id") is not None else ""
+    return f"every trial from the model weights of checkpoint {warm['checkpoint']}{trial}"
 
 
 def _describe(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
-"""``det-trials experiment create|continue``, ``trial logs`` and ``checkpoint export [--consolidate]``: the commands
-that run local experiments and get their output out (added to the existing command groups)."""
+"""``det-trials experiment create|continue``, ``trial fork``, ``trial logs`` and ``checkpoint export
+[--consolidate]``: the commands that run local experiments and get their output out (added to the existing
+command groups)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,15 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="the largest context directory accepted (default: 95)")
     resume = _common.add_command(experiment, "continue", _continue, "resume a paused experiment")
     resume.add_argument("experiment_id", metavar="ID", type=int, help="experiment id")
-    for parser in (create, resume):
+    fork = _common.add_command(group_of(commands, "trial"), "fork", _fork,
+                               "a new experiment whose one trial continues a checkpoint exactly")
+    fork.add_argument("trial_id", metavar="TRIAL_ID", type=int, nargs="?", help="fork this trial's latest checkpoint")
+    fork.add_argument("--checkpoint", metavar="UUID", help="fork this checkpoint (instead of TRIAL_ID)")
+    fork.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                      help="change the config (value as YAML), e.g. --set hyperparameters.lr=0.01 (repeatable)")
+    fork.add_argument("--max-length", type=int, default=None, metavar="N",
+                      help="train to N (the parent's searcher unit), counted from the start of the lineage")
+    for parser in (create, resume, fork):
         parser.add_argument("--max-parallel", type=int, default=None, metavar="N",
                             help="run up to N trials at once (default: 1, one after another)")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -86,6 +95,22 @@ def _create(args: argparse.Namespace) -> int:
             ray=args.ray,
         )
     except (ConfigError, experiment.ContextTooLargeError, experiment.ExperimentError, FileNotFoundError) as exc:
+        raise _common.CliError(str(exc)) from None
+    return _print_result(result, args)
+
+
+def _fork(args: argparse.Namespace) -> int:
+    from determined_trials import experiment
+    from determined_trials.errors import ConfigError
+
+    _common.open_store(args)  # a clear error for a missing run dir
+    try:
+        result = experiment.fork_trial(
+            args.trial_id, checkpoint=args.checkpoint, overrides=tuple(args.overrides), max_length=args.max_length,
+            run_dir=_common.run_dir(args), display=experiment.Display(progress=False if args.no_progress else None),
+            ray=args.ray,
+        )
+    except (ConfigError, experiment.ExperimentError, FileNotFoundError) as exc:
         raise _common.CliError(str(exc)) from None
     return _print_result(result, args)
 

@@ -51,9 +51,10 @@ def best_trial_line(store: LocalStore, exp: Experiment) -> str:
 
 
 def lineage_pairs(trial: Trial) -> list[tuple[str, str | None]]:
-    """``trial describe``'s lineage lines (none for a trial of another searcher than PBT)."""
+    """``trial describe``'s lineage lines: PBT's, or the trial a fork continues (none for other trials)."""
     if trial.search_round is None:
-        return []
+        forked = f"trial {trial.parent_trial_id}, continuing its checkpoint {trial.parent_checkpoint}"
+        return [] if trial.parent_trial_id is None else [("forked from", forked)]
     parent = None
     if trial.parent_trial_id is not None:
         parent = f"trial {trial.parent_trial_id}, from its checkpoint {trial.parent_checkpoint}"

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from determined_trials.config._base import ConfigProblems, StrictModel, tagged_union
-from determined_trials.config._det_keys import ConfigWarning, drop_unused_keys
+from determined_trials.config._det_keys import ConfigWarning, drop_unused_keys, warn_config
 from determined_trials.config._hparams import CategoricalHP, hparam_leaves
 from determined_trials.config._length import Length, MaxLength
 
@@ -62,12 +62,29 @@ class _SearcherBase(StrictModel):
     max_length: MaxLength | None = Field(
         default=None, description="how long each trial trains, e.g. `max_length: {batches: 1000}` or `1000`"
     )
+    source_trial_id: int | None = Field(
+        default=None, ge=1,
+        description="a warm start: every trial starts from the model weights of this trial's latest checkpoint "
+        "(a trial of the same run folder), its counters and data position from 0, e.g. `source_trial_id: 3`",
+    )
+    source_checkpoint_uuid: str | None = Field(
+        default=None, min_length=1,
+        description="a warm start from this checkpoint's model weights (as source_trial_id), e.g. "
+        "`source_checkpoint_uuid: 0f1e...`; with both keys, source_trial_id wins (as in Determined)",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _cluster_only(cls, data: Any) -> Any:
         name = data.get("name") if isinstance(data, dict) else None
         return drop_unused_keys(data, f"searcher.{name}", cls.model_fields, "searcher ")
+
+    @model_validator(mode="after")
+    def _check_source(self) -> _SearcherBase:
+        if self.source_trial_id is not None and self.source_checkpoint_uuid is not None:
+            warn_config(f"experiment config: searcher.source_checkpoint_uuid {self.source_checkpoint_uuid!r} is "
+                        f"ignored: source_trial_id {self.source_trial_id} is given too and wins (as in Determined)")
+        return self
 
     def concurrency_cap(self) -> int | None:
         """Its ``max_concurrent_trials`` (0: as many as fit), or None for a searcher without the key (single, pbt)."""

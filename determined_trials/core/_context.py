@@ -39,7 +39,14 @@ from determined_trials.core.store import (
     recover_run_checkpoints,
     remove_stale_staging,
 )
-from determined_trials.core.trackers import Outcome, TrackerForwarder, TrialFacts, check_trackers, open_forwarder
+from determined_trials.core.trackers import (
+    Outcome,
+    TrackerForwarder,
+    TrialFacts,
+    check_trackers,
+    fork_parent_runs,
+    open_forwarder,
+)
 from determined_trials.errors import InvalidHP, TrainingInterrupted
 
 __all__ = ["DEFAULT_RUN_DIR", "RUN_DIR_ENV", "Context", "init", "resolve_run_dir"]
@@ -167,7 +174,8 @@ class Context:
             return None
         (config, run_path), trial = self._tracking, self.info.trial
         facts = TrialFacts(trial=trial, experiment_name=self.store.experiment(trial.experiment_id).name,
-                           searcher_metric=config.searcher.metric, run_dir=str(run_path))
+                           searcher_metric=config.searcher.metric, run_dir=str(run_path),
+                           parent_runs=fork_parent_runs(self.store, trial.trial_id))
         before_pass = self._parts.train._flush_due_reports if self._parts is not None else None
         return open_forwarder(self.store, facts, config.integrations, before_pass=before_pass)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from determined_trials.deepspeed._checkpoint import load_rank_state, save_rank_state
+from determined_trials.deepspeed._checkpoint import load_engine_weights, load_rank_state, save_rank_state
 from determined_trials.deepspeed._context import DeepSpeedTrialContext
 from determined_trials.deepspeed._data import (
     CountingIterator,
@@ -68,6 +68,9 @@ class DeepSpeedAdapter(TrialAdapter):
 
     def load(self, path: Path) -> None:
         load_rank_state(path, self._trial, self._context, self._hooks)
+
+    def load_weights(self, path: Path) -> None:
+        load_engine_weights(path, self._context)
 
     def start_training(self, clock: Clock) -> DataShape:
         epoch_len: int | None = None

@@ -12,13 +12,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from determined_trials.loop import HookRunner
-from determined_trials.pytorch.checkpoint import capture_rng, restore_rng, write_load_data
+from determined_trials.pytorch.checkpoint import (
+    capture_rng,
+    check_model_fits,
+    restore_rng,
+    tensor_shapes,
+    write_load_data,
+)
 
 if TYPE_CHECKING:
     from determined_trials.deepspeed._context import DeepSpeedTrialContext
     from determined_trials.deepspeed._trial import DeepSpeedTrial
 
-__all__ = ["consolidate_checkpoint", "load_rank_state", "rank_state_file", "save_rank_state"]
+__all__ = ["consolidate_checkpoint", "load_engine_weights", "load_rank_state", "rank_state_file", "save_rank_state"]
 
 _RANK_FILE = re.compile(r"^det_state_rank(\d+)\.pth$")
 
@@ -58,6 +64,23 @@ def load_rank_state(path: Path, trial: DeepSpeedTrial, context: DeepSpeedTrialCo
     trial.load(context, path)
     hooks.load_state_dict(state.get("callbacks", {}))
     restore_rng(state["rng_state"])
+
+
+def load_engine_weights(path: Path, context: DeepSpeedTrialContext) -> None:
+    """A warm start, on every rank: each engine's module weights from ``path`` (DeepSpeed's
+    ``load_module_only``), not its optimizer or LR scheduler, nor the callbacks' state and RNGs (``trial.load``
+    is not called); a module that does not fit raises, naming the first mismatched key."""
+    for index, engine in enumerate(context.models):
+        tag = f"model{index}"
+        if not (path / tag).is_dir():
+            raise RuntimeError(f"checkpoint {path} has no engine checkpoint {tag!r}: start from a checkpoint of a "
+                               "DeepSpeedTrial that wrapped as many engines")
+        try:
+            engine.load_checkpoint(str(path), tag=tag, load_module_only=True, load_optimizer_states=False,
+                                   load_lr_scheduler_states=False)
+        except RuntimeError:
+            check_model_fits(tensor_shapes(consolidate_checkpoint(path, tag)), engine.module, index, path)
+            raise
 
 
 def consolidate_checkpoint(path: str | os.PathLike[str], tag: str = "model0") -> dict[str, torch.Tensor]:

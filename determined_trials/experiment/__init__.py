@@ -27,6 +27,7 @@ from determined_trials.experiment._setup import (
     ExperimentResult,
     continue_experiment,
     create_experiment,
+    fork_trial,
     parallelism,
     visible_gpus,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "context_files",
     "continue_experiment",
     "create_experiment",
+    "fork_trial",
     "kept_checkpoints",
     "parallelism",
     "snapshot_context",

@@ -42,6 +42,7 @@ class TrialLaunch:
     latest_checkpoint: str | None
     steps_completed: int
     run_id: int
+    warm_start_checkpoint: str | None = None
 
     def cluster_info(self, run_dir: Path) -> ClusterInfo:
         """The ClusterInfo the process reads through ``DET_CLUSTER_INFO``."""
@@ -53,7 +54,7 @@ class TrialLaunch:
         return ClusterInfo(
             trial=trial, run_dir=str(run_dir), latest_checkpoint=self.latest_checkpoint,
             task_id=f"{self.experiment_id}.{self.trial_id}", allocation_id=f"{self.trial_id}.{self.run_id}",
-            searcher_lengths=[self.length],
+            searcher_lengths=[self.length], warm_start_checkpoint=self.warm_start_checkpoint,
         )
 
 

@@ -123,15 +123,18 @@ class ExperimentRunner(TrialOutcomes):
         latest = self.store.latest_checkpoint(trial_id)
         if latest is None and work.warm_start is not None:  # a PBT child: its parent's checkpoint is its own
             latest = self.store.checkpoint(work.warm_start)
+        warm = self._warm_start if latest is None else None  # searcher.source_*: a trial without a checkpoint
         launch = TrialLaunch(
             experiment_id=self.experiment_id, trial_id=trial_id, hparams=work.hparams, seed=work.seed,
             config=self._config_dict, length=int(length), latest_checkpoint=latest.uuid if latest else None,
             steps_completed=latest.steps_completed if latest else 0, run_id=1 + trial.restarts,
+            warm_start_checkpoint=warm.checkpoint if warm else None,
         )
         trial_dir = self._exp_dir / f"trial_{trial_id}"
         gpus = self._take_gpus()
         self.store.set_trial_state(trial_id, RunState.ACTIVE)
         where = f" from checkpoint {latest.uuid} (step {latest.steps_completed})" if latest else ""
+        where = where or (f" from the model weights of checkpoint {warm.checkpoint} (a warm start)" if warm else "")
         self._say(f"trial {trial_id} starts{where}: training to length {length}")
         self._attempt_starts(work, trial_id)
         proc = self._executor.start(TrialJob(

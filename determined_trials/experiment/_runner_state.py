@@ -10,8 +10,10 @@ from typing import Any
 from determined_trials.core.storage import storage_from_spec
 from determined_trials.core.store import LocalStore, RetentionPolicy, collect_garbage
 from determined_trials.experiment._executor import LocalExecutor, TrialExecutor, TrialHandle
+from determined_trials.experiment._fork import ForkStart
 from determined_trials.experiment._report import Display
 from determined_trials.experiment._tracebacks import TracebackCondenser
+from determined_trials.experiment._warm_start import WarmStart
 from determined_trials.searcher import Searcher
 
 __all__ = ["RunnerState", "RunningTrial", "Work"]
@@ -84,13 +86,19 @@ class RunnerState:
         self._storage = storage_from_spec(config.checkpoint_storage, default_dir=store.path / "checkpoints")
         self._policy = RetentionPolicy.from_config(config)
         self._executor: TrialExecutor = executor or LocalExecutor()
+        self._warm_start: WarmStart | None = None  # searcher.source_trial_id / source_checkpoint_uuid, resolved
         searcher.cap_in_flight(self._max_parallel)  # e.g. optuna's: never more trials asked than run at once
 
     # -- set-up and saved state -----------------------------------------------------------------
-    def start_fresh(self) -> None:
-        """Queue the searcher's initial trials."""
+    def start_fresh(self, warm_start: WarmStart | None = None, fork: ForkStart | None = None) -> None:
+        """Queue the searcher's initial trials (``warm_start``: the checkpoint each starts from, weights only;
+        ``fork``: the one trial continues that checkpoint, with its parent's seed, as a PBT child does)."""
+        self._warm_start = warm_start
         self._queue = [Work(r.request_id, dict(r.hparams), int(r.seed), search_round=r.search_round)
                        for r in self._searcher.initial_trials()]
+        if fork is not None:
+            first = self._queue[0]
+            first.seed, first.warm_start, first.parent_trial_id = fork.seed, fork.checkpoint, fork.parent_trial_id
 
     def state_dict(self) -> dict[str, Any]:
         """The runner's and the searcher's resumable state (JSON-able)."""
@@ -101,6 +109,7 @@ class RunnerState:
             + [dataclasses.asdict(w) for w in self._queue],  # running first: resumed first after a kill
             "ended_by_searcher": [[dataclasses.asdict(w), n] for w, n in self._ended_by_searcher.values()],
             "max_parallel": self._requested_parallel,
+            "warm_start": None if self._warm_start is None else dataclasses.asdict(self._warm_start),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -108,6 +117,7 @@ class RunnerState:
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"saved runner state has version {state.get('version')!r}, expected {_STATE_VERSION}")
         self._searcher.load_state_dict(state["searcher"])
+        self._warm_start = WarmStart(**state["warm_start"]) if state.get("warm_start") else None
         self._queue = [Work(**w) for w in state["queue"]]
         self._ended_by_searcher = {}
         for raw, length in state.get("ended_by_searcher", []):

@@ -22,14 +22,16 @@ from determined_trials.core.store import LocalStore, RunState, release_dead_owne
 from determined_trials.core.trackers import check_trackers
 from determined_trials.errors import ConfigError
 from determined_trials.experiment._errors import ExperimentError
+from determined_trials.experiment._fork import ForkStart, fork_plan
 from determined_trials.experiment._preflight import PreflightError, check_command, check_entrypoint
 from determined_trials.experiment._report import Display, TrialSummary, summarize_trials
 from determined_trials.experiment._runner import ExperimentRunner
 from determined_trials.experiment._snapshot import DEFAULT_MAX_CONTEXT_BYTES, snapshot_context
 from determined_trials.experiment._tracebacks import SOURCE_FILE
+from determined_trials.experiment._warm_start import resolve_warm_start
 
-__all__ = ["ExperimentError", "ExperimentResult", "continue_experiment", "create_experiment", "parallelism",
-           "visible_gpus"]
+__all__ = ["ExperimentError", "ExperimentResult", "continue_experiment", "create_experiment", "fork_trial",
+           "parallelism", "visible_gpus"]
 
 SearcherFactory = Callable[[ExperimentConfig], Any]
 CONFIG_FILE = "config.yaml"
@@ -97,11 +99,15 @@ def _configured_parallel(config: ExperimentConfig) -> int | None:
     return int(cap) or (len(visible_gpus()) or os.cpu_count() or 1)
 
 
-def _snapshot_to_staging(context_dir: Path, run_path: Path, max_bytes: int, display: Display) -> Path:
+def _snapshot_to_staging(context_dir: Path, run_path: Path, max_bytes: int, display: Display,
+                         *, verbatim: bool = False) -> Path:
     staging = run_path / "experiments" / f".staging-{uuid.uuid4().hex}"
     try:
-        snapshot_context(context_dir, staging / "model", exclude=[run_path], max_bytes=max_bytes,
-                         say=lambda line: display.echo(f"det-trials: {line}"))
+        if verbatim:  # a fork: its parent's snapshot as it is (it lies in the run folder, which snapshots skip)
+            shutil.copytree(context_dir, staging / "model", symlinks=True)
+        else:
+            snapshot_context(context_dir, staging / "model", exclude=[run_path], max_bytes=max_bytes,
+                             say=lambda line: display.echo(f"det-trials: {line}"))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -123,10 +129,12 @@ def create_experiment(
     config: Any, context_dir: str | os.PathLike[str], *, run_dir: str | os.PathLike[str] | None = None,
     max_parallel: int | None = None, max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES,
     display: Display | None = None, searcher_factory: SearcherFactory | None = None, ray: str | None = None,
+    fork: ForkStart | None = None,
 ) -> ExperimentResult:
     """Validate ``config``, snapshot ``context_dir``, record the experiment and run it to its end (or
     a pause); ConfigError/ContextTooLargeError/ExperimentError say what to fix. ``ray``: run the trials
-    on a Ray cluster (``auto``, ``ray://host:port``, or ``local`` for a Ray started here)."""
+    on a Ray cluster (``auto``, ``ray://host:port``, or ``local`` for a Ray started here). ``fork``: the
+    experiment's one trial continues that checkpoint (``fork_plan``; ``context_dir`` is copied as it is)."""
     parsed = load_config(config)
     if max_parallel is None:
         max_parallel = _configured_parallel(parsed)
@@ -142,14 +150,16 @@ def create_experiment(
         parsed = load_config(_absolute_storage(parsed.as_dict(), Path.cwd()))
     searcher = (searcher_factory or _default_searcher)(parsed)
     run_path = resolve_run_dir(run_dir)
+    storage = storage_from_spec(parsed.checkpoint_storage, default_dir=run_path / "checkpoints")
     try:  # a missing bucket or refused credentials: before anything is recorded or started
-        storage_from_spec(parsed.checkpoint_storage, default_dir=run_path / "checkpoints").check()
+        storage.check()
     except StorageError as exc:
         raise ExperimentError(str(exc)) from None
     check_trackers(parsed, run_path)  # a missing package or an unanswering MLflow server, before any trial
     store = LocalStore(run_path)
+    warm_start = resolve_warm_start(parsed, store, storage)  # an unknown source trial or checkpoint: ConfigError
     display = display or Display(progress=False)
-    staging = _snapshot_to_staging(Path(context_dir), run_path, max_context_bytes, display)
+    staging = _snapshot_to_staging(Path(context_dir), run_path, max_context_bytes, display, verbatim=fork is not None)
     try:
         check_entrypoint(parsed, staging / "model")
     except BaseException as exc:
@@ -171,8 +181,21 @@ def create_experiment(
         model_dir=exp_dir / "model", config_path=config_path, display=display, requested_parallel=max_parallel,
         **_placement(ray, store, exp_dir / "model", config_path, parsed, max_parallel),
     )
-    runner.start_fresh()
+    runner.start_fresh(warm_start, fork)
     return _result(store, experiment_id, runner.run(), parsed)
+
+
+def fork_trial(
+    trial_id: int | None = None, *, checkpoint: str | None = None, overrides: tuple[str, ...] = (),
+    max_length: int | None = None, run_dir: str | os.PathLike[str] | None = None, display: Display | None = None,
+    ray: str | None = None,
+) -> ExperimentResult:
+    """``det-trials trial fork``: a new experiment whose one trial continues trial ``trial_id``'s latest
+    checkpoint (or ``checkpoint``) exactly, with ``overrides`` (``KEY.PATH=VALUE``) and ``max_length`` (in the
+    parent's unit, from the start of the lineage) applied; run as ``create_experiment`` runs one."""
+    plan = fork_plan(trial_id=trial_id, checkpoint=checkpoint, overrides=overrides, max_length=max_length,
+                     run_dir=run_dir)
+    return create_experiment(plan.config, plan.model_dir, run_dir=run_dir, display=display, ray=ray, fork=plan.start)
 
 
 def continue_experiment(

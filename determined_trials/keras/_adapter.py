@@ -77,6 +77,10 @@ class KerasAdapter(TrialAdapter):
             ckpt.apply_state(self.model, weights, state, self.callbacks, Path(scratch))
         self._train.reseed(int(state["data_seed"]))  # a bare script's new trial seed must not change the order
 
+    def load_weights(self, path: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="det-keras-warm-") as scratch:
+            ckpt.load_model_weights(self.model, path, Path(scratch))
+
     def start_training(self, clock: Clock) -> DataShape:
         self._stream = self._train.batches(clock.batches_trained)
         clock.set_closer(self._train.end_epoch)  # after each epoch's end hooks

@@ -11,16 +11,19 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import h5py
 import numpy as np
 import tensorflow as tf
 
 from determined_trials.keras._backend import require_tensorflow_backend
+from determined_trials.loop import first_mismatched_key
 
 if TYPE_CHECKING:
     from determined_trials.keras._bridge import KerasCallbacks
     from determined_trials.keras._context import TFKerasTrialContext
 
-__all__ = ["LOAD_DATA_FILE", "MODEL_FILE", "STATE_FILE", "WEIGHTS_FILE", "read_state", "write_state"]
+__all__ = ["LOAD_DATA_FILE", "MODEL_FILE", "STATE_FILE", "WEIGHTS_FILE", "load_model_weights", "read_state",
+           "write_state"]
 
 keras = require_tensorflow_backend()
 logger = logging.getLogger("determined_trials.keras")
@@ -30,6 +33,7 @@ MODEL_FILE = "model.keras"
 STATE_FILE = "keras_state.pkl"
 LOAD_DATA_FILE = "load_data.json"
 _GLOBAL_SEED_GENERATOR = "global_seed_generator"
+_MODEL_GROUPS = ("layers", "vars")  # the model's own weights in a .weights.h5; "optimizer" holds the optimizer's
 
 
 def _seed_states(model: Any) -> list[Any]:
@@ -109,3 +113,43 @@ def apply_state(model: Any, weights: bytes, state: dict[str, Any], callbacks: Ke
     model.load_weights(str(file))
     restore_rng(model, state["rng"])
     callbacks.load_state(state["callbacks"])
+
+
+def load_model_weights(model: Any, path: Path, scratch: Path) -> None:
+    """A warm start: only the model's weights of checkpoint ``path`` (its layers; not the optimizer, RNGs or
+    callback state) into the built model; a model that does not fit raises, naming the first mismatched key."""
+    source = path / WEIGHTS_FILE
+    if not source.exists():
+        raise FileNotFoundError(f"checkpoint folder {path} has no {WEIGHTS_FILE}: it was not written by a "
+                                "TFKerasTrial Trainer")
+    merged = scratch / WEIGHTS_FILE
+    model.save_weights(str(merged))  # the built model's own state: its optimizer part stays as it is
+    with h5py.File(source, "r") as saved, h5py.File(merged, "r+") as own:
+        _check_fits(_shapes(saved), _shapes(own), path)
+        for group in _MODEL_GROUPS:
+            if group in own:
+                del own[group]
+            if group in saved:
+                saved.copy(saved[group], own, name=group)
+    model.load_weights(str(merged))
+
+
+def _shapes(file: Any) -> dict[str, tuple[int, ...]]:
+    """{dataset path: shape} of the model's groups of a .weights.h5 file, in the file's order."""
+    found: dict[str, tuple[int, ...]] = {}
+
+    def visit(name: str, item: Any) -> None:
+        if isinstance(item, h5py.Dataset):
+            found[name] = tuple(item.shape)
+
+    for group in _MODEL_GROUPS:
+        if group in file:
+            file[group].visititems(lambda name, item, group=group: visit(f"{group}/{name}", item))
+    return found
+
+
+def _check_fits(saved: dict[str, tuple[int, ...]], own: dict[str, tuple[int, ...]], path: Path) -> None:
+    why = first_mismatched_key(saved, own)
+    if why is not None:
+        raise ValueError(f"checkpoint {path} does not fit the trial's model: first mismatched key {why}. Load it "
+                         "into the same model architecture (and hyperparameters) that wrote the checkpoint.")

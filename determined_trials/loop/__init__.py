@@ -14,6 +14,7 @@ from determined_trials.loop._adapter import (
     SnapshotSaver,
     StopCheck,
     TrialAdapter,
+    first_mismatched_key,
 )
 from determined_trials.loop._clock import Clock, ClockView
 from determined_trials.loop._controller import (
@@ -70,6 +71,7 @@ __all__ = [
     "TrainUnit",
     "TrialAdapter",
     "allgather",
+    "first_mismatched_key",
     "progress_enabled",
     "reduce_across_ranks",
     "summary_line",

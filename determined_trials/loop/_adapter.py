@@ -6,7 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -15,7 +15,8 @@ from determined_trials.loop._clock import Clock
 if TYPE_CHECKING:
     from determined_trials.core import PreemptContext
 
-__all__ = ["DataShape", "SaveMode", "ShardedAsyncSaver", "SnapshotSaver", "StopCheck", "TrialAdapter"]
+__all__ = ["DataShape", "SaveMode", "ShardedAsyncSaver", "SnapshotSaver", "StopCheck", "TrialAdapter",
+           "first_mismatched_key"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +131,10 @@ class TrialAdapter(Protocol):
     def load(self, path: Path) -> None:
         """Restore models, optimizers, RNGs and callback state from a checkpoint folder."""
 
+    def load_weights(self, path: Path) -> None:
+        """A warm start: load only the models' weights of a checkpoint folder (another trial's) into the built
+        models; a checkpoint whose models do not fit raises, naming the first mismatched key."""
+
     def start_training(self, clock: Clock) -> DataShape:
         """Build the training data stream positioned after ``clock.batches_trained`` batches (the loop then
         starts the clock with the shape's epoch length); hand ``clock.view`` to whatever reads the position."""
@@ -156,3 +161,17 @@ class TrialAdapter(Protocol):
 
     def close(self) -> None:
         """Release data loader workers and other resources; idempotent."""
+
+
+def first_mismatched_key(saved: Mapping[str, Any], own: Mapping[str, Any]) -> str | None:
+    """Why a checkpoint's model (``saved``: key -> shape) does not fit the trial's (``own``), naming the first
+    mismatched key: in ``own``'s order a key missing from ``saved`` or of another shape, then a key only
+    ``saved`` has; None when they fit (``load_weights`` of every adapter)."""
+    for key, shape in own.items():
+        if key not in saved:
+            return f"{key!r}: in the trial's model but not in the checkpoint"
+        if saved[key] != shape:
+            return (f"{key!r}: shape {list(saved[key] or [])} in the checkpoint, {list(shape or [])} in the "
+                    "trial's model")
+    extra = next((key for key in saved if key not in own), None)
+    return None if extra is None else f"{extra!r}: in the checkpoint but not in the trial's model"

@@ -117,6 +117,11 @@ class Controller:
     def _startup(self, latest_checkpoint: str | None) -> None:
         if latest_checkpoint is None:
             self._hooks.call("on_trial_startup", 0, None)
+            warm = self._core.info.warm_start_checkpoint
+            if warm is not None:  # searcher.source_trial_id / source_checkpoint_uuid: weights only, counters at 0
+                with self._core.checkpoint.restore_path(warm) as path:
+                    self._adapter.load_weights(path)
+                logger.info("warm start: the model weights of checkpoint %s", warm)
             return
         with self._timer.restoring(), self._core.checkpoint.restore_path(latest_checkpoint) as path:
             self._state.load_state_dict(_read_trial_state(path, latest_checkpoint))

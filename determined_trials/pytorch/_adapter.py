@@ -31,7 +31,9 @@ from determined_trials.pytorch.checkpoint import (
     HostBuffers,
     capture_rng,
     large_state_template,
+    load_models,
     load_trial_state,
+    read_state_file,
     save_trial_state,
     snapshot_trial_state,
     state_nbytes,
@@ -97,6 +99,14 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
             load_sharded_state(path, self._context, self._hooks)
         else:
             load_trial_state(path, self._context, self._hooks)
+
+    def load_weights(self, path: Path) -> None:
+        if self._sharded or is_dcp_checkpoint(path):
+            from determined_trials.pytorch.checkpoint import load_model_weights  # torch.distributed.checkpoint
+
+            load_model_weights(path, self._context.models)
+        else:
+            load_models(read_state_file(path), self._context.models, path)
 
     def _prepare_host_buffers(self) -> None:
         """After this process's first batch (the optimizer state exists by now): when it will take

@@ -190,6 +190,20 @@ def test_adaptive_asha_accepts_stop_once_and_warns_when_it_cannot_be_false() -> 
         load_config({"searcher": {"name": "random", "metric": "m", "max_trials": 2, "stop_once": True}})
 
 
+def test_warm_start_keys_are_kept_and_the_trial_id_wins_over_the_uuid() -> None:
+    base = {"name": "random", "metric": "loss", "max_trials": 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)  # either key alone: no "ignored" warning any more
+        assert load_config({"searcher": {**base, "source_trial_id": 3}}).searcher.source_trial_id == 3
+        searcher = load_config({"searcher": {**base, "source_checkpoint_uuid": "0f1e"}}).searcher
+    assert (searcher.source_trial_id, searcher.source_checkpoint_uuid) == (None, "0f1e")
+    with pytest.warns(ConfigWarning, match="source_checkpoint_uuid '0f1e' is ignored: source_trial_id 3"):
+        load_config({"searcher": {**base, "source_trial_id": 3, "source_checkpoint_uuid": "0f1e"}})
+    for bad in ({"source_trial_id": 0}, {"source_trial_id": "3"}, {"source_checkpoint_uuid": ""}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            load_config({"searcher": {**base, **bad}})
+
+
 def test_storage_forms() -> None:
     assert load_config({"searcher": SINGLE, "checkpoint_storage": "/tmp/x"}).checkpoint_storage == "/tmp/x"
     s3 = load_config({"searcher": SINGLE, "checkpoint_storage": {

@@ -176,6 +176,13 @@ class StoreReads:
         )
         return [(str(r["uuid"]), int(r["trial_id"]), int(r["experiment_id"])) for r in rows]
 
+    def forked_checkpoints(self) -> set[str]:
+        """The checkpoints a fork's trial (``det-trials trial fork``) started from: kept while the fork exists
+        (a PBT child, which has a search round, needs its start only until it starts)."""
+        rows = self._read("SELECT DISTINCT parent_checkpoint AS uuid FROM trials "
+                          "WHERE parent_checkpoint IS NOT NULL AND search_round IS NULL")
+        return {str(r["uuid"]) for r in rows}
+
     def latest_checkpoint(self, trial_id: int) -> CheckpointRecord | None:
         """The trial's most recently reported checkpoint that is not deleted, or ``None``."""
         found = self.checkpoints(trial_id=trial_id)

@@ -86,11 +86,11 @@ def collect_garbage(
     policy: RetentionPolicy, protect: Iterable[str] = (),
 ) -> list[str]:
     """Delete the checkpoints of ``trial_ids`` (ended trials) the policy does not keep, nor ``protect`` names
-    (e.g. the checkpoint a PBT child is still to start from); returns their uuids."""
+    (e.g. the checkpoint a PBT child is still to start from), nor a fork started from; returns their uuids."""
     ids = set(trial_ids)
     for trial_id in ids:  # ended trials: settle what a killed writer left before deciding what to keep
         recover_checkpoints(store, storage, trial_id)
-    keep = kept_checkpoints(store, experiment_id, ids, policy) | set(protect)
+    keep = kept_checkpoints(store, experiment_id, ids, policy) | set(protect) | store.forked_checkpoints()
     deleted = []
     for ckpt in store.checkpoints(experiment_id=experiment_id):
         if ckpt.trial_id in ids and ckpt.uuid not in keep:

@@ -7,6 +7,13 @@ May import: errors, _info, config, core.store
 """
 
 from determined_trials.core.trackers._forwarder import Outcome, TrackerForwarder
-from determined_trials.core.trackers._setup import TrialFacts, check_trackers, open_forwarder, settle_trial_runs
+from determined_trials.core.trackers._setup import (
+    TrialFacts,
+    check_trackers,
+    fork_parent_runs,
+    open_forwarder,
+    settle_trial_runs,
+)
 
-__all__ = ["Outcome", "TrackerForwarder", "TrialFacts", "check_trackers", "open_forwarder", "settle_trial_runs"]
+__all__ = ["Outcome", "TrackerForwarder", "TrialFacts", "check_trackers", "fork_parent_runs", "open_forwarder",
+           "settle_trial_runs"]

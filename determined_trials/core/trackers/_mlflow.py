@@ -61,6 +61,8 @@ class MlflowSink:
         facts = self._facts
         tags = {"det.experiment_id": str(facts.trial.experiment_id), "det.trial_id": str(facts.trial.trial_id),
                 "det.searcher_metric": facts.searcher_metric or ""}
+        if self.name in facts.parent_runs:  # a fork: MLflow shows the run under its parent's
+            tags["mlflow.parentRunId"] = facts.parent_runs[self.name]
         run = client.create_run(experiment_id, run_name=facts.run_name, tags=tags)
         return str(run.info.run_id)
 

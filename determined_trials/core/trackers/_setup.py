@@ -15,7 +15,8 @@ from determined_trials.core.trackers._forwarder import TrackerForwarder
 from determined_trials.core.trackers._sink import Outcome, Sink, TrialFacts
 from determined_trials.errors import ConfigError
 
-__all__ = ["TrialFacts", "check_trackers", "mlflow_tracking_uri", "open_forwarder", "settle_trial_runs"]
+__all__ = ["TrialFacts", "check_trackers", "fork_parent_runs", "mlflow_tracking_uri", "open_forwarder",
+           "settle_trial_runs"]
 
 _CHECK_TIMEOUT_S = 10.0
 
@@ -102,3 +103,13 @@ def open_forwarder(store: TrialStore, facts: TrialFacts, integrations: Integrati
     if not sinks:
         return None
     return TrackerForwarder(store, facts.trial.trial_id, sinks, before_pass=before_pass).start()
+
+
+def fork_parent_runs(store: TrialStore, trial_id: int) -> dict[str, str]:
+    """Tracker name -> run id of the trial that trial ``trial_id`` was forked from (``det-trials trial fork``;
+    empty for other trials, PBT children included)."""
+    trial = store.trial(trial_id)
+    if trial.parent_trial_id is None or trial.search_round is not None:
+        return {}
+    runs = {name: store.tracker_run(trial.parent_trial_id, name) for name in ("mlflow", "wandb")}
+    return {name: str(run["run_id"]) for name, run in runs.items() if run}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from determined_trials._info import TrialInfo
@@ -21,6 +21,8 @@ class TrialFacts:
     experiment_name: str
     searcher_metric: str | None
     run_dir: str
+    parent_runs: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Tracker name -> the run id of the trial this one was forked from (``det-trials trial fork``)."""
 
     @property
     def run_name(self) -> str:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from determined_trials.pytorch.checkpoint._io import (
     LOAD_DATA_FILE,
     capture_rng,
+    check_model_fits,
     large_state_template,
     load_models,
     load_trial_state,
@@ -24,6 +25,7 @@ from determined_trials.pytorch.checkpoint._io import (
     save_trial_state,
     snapshot_trial_state,
     state_nbytes,
+    tensor_shapes,
     write_load_data,
     write_trial_state,
 )
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from determined_trials.pytorch.checkpoint._dcp import (
         checkpoint_group,
         load_dcp_models,
+        load_model_weights,
         load_sharded_state,
         read_dcp_models,
         save_sharded_state,
@@ -40,16 +43,18 @@ if TYPE_CHECKING:
     )
 
 # FSDP2's DCP checkpoints (``_dcp``) import torch.distributed.checkpoint: imported on first use of these names.
-_DCP_NAMES = ("checkpoint_group", "load_dcp_models", "load_sharded_state", "read_dcp_models", "save_sharded_state",
-              "start_sharded_save")
+_DCP_NAMES = ("checkpoint_group", "load_dcp_models", "load_model_weights", "load_sharded_state", "read_dcp_models",
+              "save_sharded_state", "start_sharded_save")
 
 __all__ = [
     "HostBuffers",
     "LOAD_DATA_FILE",
     "capture_rng",
+    "check_model_fits",
     "checkpoint_group",
     "large_state_template",
     "load_dcp_models",
+    "load_model_weights",
     "load_models",
     "load_sharded_state",
     "load_trial_state",
@@ -61,6 +66,7 @@ __all__ = [
     "snapshot_trial_state",
     "start_sharded_save",
     "state_nbytes",
+    "tensor_shapes",
     "write_load_data",
     "write_trial_state",
 ]

@@ -32,8 +32,10 @@ from determined_trials.loop import HookRunner
 from determined_trials.pytorch.checkpoint._io import (
     LOAD_DATA_FILE,
     capture_rng,
+    check_model_fits,
     read_state_file,
     restore_rng,
+    tensor_shapes,
     write_load_data,
 )
 from determined_trials.pytorch.checkpoint._warm_start import (
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "checkpoint_group",
     "load_dcp_models",
+    "load_model_weights",
     "load_sharded_state",
     "read_dcp_models",
     "save_sharded_state",
@@ -284,6 +287,37 @@ def load_dcp_models(path: Path, models: list[torch.nn.Module]) -> None:
     state = {"model": get_model_state_dict(container)}
     _dcp_load(state, path)
     set_model_state_dict(container, state["model"])
+
+
+def load_model_weights(path: Path, models: list[torch.nn.Module]) -> None:
+    """A warm start of FSDP2 models, or from a DCP checkpoint: only the models' weights (a DCP checkpoint is
+    resharded, a plain ``state_dict.pth`` sharded on load); one that does not fit names the first mismatched key."""
+    if is_dcp_checkpoint(path):
+        shapes = _dcp_model_shapes(path)
+        _load_list("model", list(shapes.values()), models, path, load=False)
+        for index, model in enumerate(models):
+            check_model_fits(shapes[index], plain_module(model), index, path)
+        load_dcp_models(path, models)
+        return
+    saved = read_state_file(path)["models_state_dict"]
+    _load_list("model", saved, models, path, load=False)
+    for index, (model, state) in enumerate(zip(models, saved)):
+        check_model_fits(tensor_shapes(state), plain_module(model), index, path)
+    full = {f"{i}.{key}": value for i, state in enumerate(saved) for key, value in state.items()}
+    set_model_state_dict(_container(models), full, options=StateDictOptions(full_state_dict=True))
+
+
+def _dcp_model_shapes(path: Path) -> dict[int, dict[str, tuple[int, ...] | None]]:
+    """{model index: {key: shape}} of a DCP checkpoint's models, read from its metadata (no tensor is read)."""
+    metadata = dcp.FileSystemReader(str(path / DCP_DIR)).read_metadata().state_dict_metadata
+    shapes: dict[int, dict[str, tuple[int, ...] | None]] = {}
+    for flat, item in metadata.items():
+        group, _, rest = flat.partition(".")
+        index, _, key = rest.partition(".")
+        if group == "model" and index.isdigit():
+            size = getattr(item, "size", None)
+            shapes.setdefault(int(index), {})[key] = None if size is None else tuple(size)
+    return {i: shapes[i] for i in sorted(shapes)}
 
 
 def read_dcp_models(path: Path) -> list[dict[str, torch.Tensor]]:

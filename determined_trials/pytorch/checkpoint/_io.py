@@ -15,6 +15,7 @@ import json
 import logging
 import pickle
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 import torch.utils.serialization  # noqa: F401 - torch.save imports it on first use: not in the first checkpoint
 
-from determined_trials.loop import HookRunner
+from determined_trials.loop import HookRunner, first_mismatched_key
 from determined_trials.pytorch.checkpoint._snapshot import copy_to_host, wait_copied
 from determined_trials.pytorch.checkpoint._warm_start import (
     hparams_changed,
@@ -39,6 +40,7 @@ __all__ = [
     "LOAD_DATA_FILE",
     "STATE_FILE",
     "capture_rng",
+    "check_model_fits",
     "large_state_template",
     "load_trial_state",
     "own_rng_state",
@@ -46,6 +48,7 @@ __all__ = [
     "restore_rng",
     "save_trial_state",
     "snapshot_trial_state",
+    "tensor_shapes",
     "write_load_data",
     "write_trial_state",
 ]
@@ -286,14 +289,34 @@ def load_models(checkpoint: dict[str, Any], models: list[torch.nn.Module], path:
         raise RuntimeError(f"checkpoint {path}: {STATE_FILE} holds no models_state_dict (keys: {sorted(checkpoint)})")
     _check_count("model", saved, models, path)
     for index, (model, state) in enumerate(zip(models, saved)):
+        module = plain_module(model)
+        state = plain_state_dict(state, module)
         try:
-            module = plain_module(model)
-            module.load_state_dict(plain_state_dict(state, module))
+            module.load_state_dict(state)
         except RuntimeError as err:
+            check_model_fits(tensor_shapes(state), module, index, path)  # names the first mismatched key
             raise RuntimeError(
                 f"checkpoint {path} does not fit model {index} ({type(plain_module(model)).__name__}): {err}\n"
                 "Resume into the same model architecture (and hyperparameters) that wrote the checkpoint."
             ) from None
+
+
+def tensor_shapes(state: Mapping[str, Any]) -> dict[str, tuple[int, ...] | None]:
+    """Each key of a state dict and its tensor's shape (a sharded DTensor's global one; None: not a tensor)."""
+    return {key: tuple(value.shape) if isinstance(value, torch.Tensor) else None for key, value in state.items()}
+
+
+def check_model_fits(saved: Mapping[str, tuple[int, ...] | None], module: torch.nn.Module, index: int,
+                     path: Path) -> None:
+    """Raise, naming the first mismatched key, when a checkpoint's model (``saved``: key -> shape) does not
+    fit ``module``: in the module's order, a key the checkpoint lacks or holds in another shape, then a key
+    the module lacks."""
+    why = first_mismatched_key(saved, tensor_shapes(module.state_dict()))
+    if why is not None:
+        raise RuntimeError(
+            f"checkpoint {path} does not fit model {index} ({type(module).__name__}): first mismatched key {why}.\n"
+            "Load it into the same model architecture (and hyperparameters) that wrote the checkpoint."
+        )
 
 
 def _load_list(kind: str, saved: list[Any], objects: list[Any], path: Path) -> None:

@@ -1,0 +1,114 @@
+"""``det-trials trial fork``: a new experiment of the run folder whose one trial continues a checkpoint exactly
+(models, optimizers, LR schedulers, scalers, RNGs, data position and counters, as a resume or a PBT child), with
+the parent's model code, seed and hyperparameters unless ``--set`` changes them, and its lineage recorded."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from determined_trials.core import resolve_run_dir
+from determined_trials.core.store import CheckpointState, LocalStore, NotFoundError
+from determined_trials.errors import ConfigError
+
+__all__ = ["ForkStart", "fork_plan"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ForkStart:
+    """What the fork's trial starts from: the checkpoint it continues, the trial that wrote it and its seed."""
+
+    checkpoint: str
+    parent_trial_id: int
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ForkPlan:
+    """A fork ready to create: its config, the parent's model folder (snapshotted again) and its start."""
+
+    config: dict[str, Any]
+    model_dir: Path
+    start: ForkStart
+
+
+def fork_plan(*, trial_id: int | None = None, checkpoint: str | None = None, overrides: tuple[str, ...] = (),
+              max_length: int | None = None, run_dir: str | os.PathLike[str] | None = None) -> ForkPlan:
+    """The fork of trial ``trial_id`` (its latest checkpoint) or of ``checkpoint``: the parent experiment's
+    config with a ``single`` searcher, the parent trial's hyperparameters as constants, ``overrides``
+    (``KEY.PATH=VALUE``, the value read as YAML) applied, and ``max_length`` (in the parent's unit, counted from
+    the start of the lineage) when given. ``ConfigError`` for an unknown trial or checkpoint, or a bad override."""
+    store = LocalStore(resolve_run_dir(run_dir), create=False)
+    try:
+        uuid, parent = _parent(store, trial_id, checkpoint)
+        exp = store.experiment(parent.experiment_id)
+        steps = store.checkpoint(uuid).steps_completed
+    finally:
+        store.close()
+    if exp.model_dir is None:
+        raise ConfigError(f"trial {parent.id}'s experiment {exp.id} keeps no model folder to fork from")
+    config = copy.deepcopy(exp.config)
+    searcher = config.get("searcher") or {}
+    length = dict(searcher.get("max_length") or {})
+    if max_length is not None:
+        if len(length) != 1:
+            raise ConfigError(f"--max-length: experiment {exp.id} has no max_length to take the unit from")
+        length = {next(iter(length)): int(max_length)}
+    if list(length) == ["batches"] and length["batches"] <= steps:
+        raise ConfigError(f"the fork would train nothing: checkpoint {uuid} is at batch {steps} and max_length is "
+                          f"{length['batches']} batches (counted from the start of the lineage); give a larger "
+                          "--max-length")
+    config["searcher"] = {"name": "single", "metric": searcher.get("metric"),
+                          "smaller_is_better": searcher.get("smaller_is_better", True), "max_length": length}
+    config["hyperparameters"] = copy.deepcopy(parent.hparams)
+    config["name"] = f"{exp.name} (fork of trial {parent.id})"
+    for override in overrides:
+        _apply(config, override)
+    if config["hyperparameters"].get("global_batch_size") != parent.hparams.get("global_batch_size"):
+        raise ConfigError("a fork cannot change global_batch_size: the checkpoint's data position and counters are "
+                          "in batches of the parent's size; warm-start a new experiment from it instead "
+                          "(searcher.source_checkpoint_uuid)")
+    return ForkPlan(config, Path(exp.model_dir), ForkStart(uuid, parent.id, parent.seed))
+
+
+def _parent(store: LocalStore, trial_id: int | None, checkpoint: str | None) -> tuple[str, Any]:
+    if (trial_id is None) == (checkpoint is None):
+        raise ConfigError("fork takes a trial id or --checkpoint UUID (one of them)")
+    try:
+        if checkpoint is not None:
+            record = store.checkpoint(checkpoint)
+            if record.state != CheckpointState.COMPLETED or record.trial_id is None:
+                raise ConfigError(f"checkpoint {checkpoint} is {record.state.lower()}: its files are gone")
+            return checkpoint, store.trial(record.trial_id)
+        assert trial_id is not None
+        parent = store.trial(trial_id)
+    except NotFoundError as exc:
+        raise ConfigError(f"{exc}; `det-trials checkpoint list` and `trial list` show the run folder's") from None
+    latest = store.latest_checkpoint(trial_id)
+    if latest is None:
+        raise ConfigError(f"trial {trial_id} has no checkpoint to fork from")
+    return latest.uuid, parent
+
+
+def _apply(config: dict[str, Any], override: str) -> None:
+    """``KEY.PATH=VALUE`` into ``config`` (VALUE as YAML: ``0.01``, ``true``, ``{batches: 10}``)."""
+    path, sep, text = override.partition("=")
+    keys = [k for k in path.strip().split(".") if k]
+    if not sep or not keys:
+        raise ConfigError(f"--set {override!r}: write KEY.PATH=VALUE, e.g. --set hyperparameters.lr=0.01")
+    if keys[0] == "searcher" and keys[1:2] not in (["max_length"], ["metric"], ["smaller_is_better"]):
+        raise ConfigError(f"--set {override!r}: a fork's searcher is `single`; only searcher.max_length, metric "
+                          "and smaller_is_better may change")
+    target = config
+    for key in keys[:-1]:
+        if target.get(key) is None:
+            target[key] = {}
+        target = target[key]
+        if not isinstance(target, dict):
+            raise ConfigError(f"--set {override!r}: {key} is not a section")
+    target[keys[-1]] = yaml.safe_load(text)
