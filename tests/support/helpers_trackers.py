@@ -80,8 +80,8 @@ class Relay:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def cut(self) -> None:
-        self._up.clear()
-        with self._lock:
+        with self._lock:  # under the lock: a connection being set up now is either dropped here or refused
+            self._up.clear()
             for sock in self._open:
                 with contextlib.suppress(OSError):
                     sock.close()
@@ -110,6 +110,10 @@ class Relay:
                 client.close()
                 continue
             with self._lock:
+                if not self._up.is_set():  # cut while this connection was being set up
+                    client.close()
+                    upstream.close()
+                    continue
                 self._open += [client, upstream]
             threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
 
