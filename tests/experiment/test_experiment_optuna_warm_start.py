@@ -4,6 +4,7 @@ experiment id is a config error at create, and a paused and continued search add
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -71,6 +72,8 @@ def test_the_study_holds_the_earlier_trials_before_its_first_suggestion(
     study = restore_study(LocalStore(run_dir).experiment(result.experiment_id).searcher_state["searcher"]["study"])
     assert [t.value for t in study.trials[:3]] == [loss for _, loss in _EARLIER[:3]]
     assert len(study.trials) == 4  # the earlier three, then the one asked
+    assert main(["--run-dir", str(run_dir), "experiment", "describe", str(result.experiment_id)]) == 0
+    assert re.search(r"\n  study told: +the completed trials of experiment\(s\) 1\n", capsys.readouterr().out)
 
 
 def test_the_metric_is_read_from_validations_when_the_earlier_search_had_another(tmp_path: Path) -> None:
