@@ -109,7 +109,9 @@ def _study_line(exp: Experiment) -> str:
     """The earlier experiments an optuna search's study was told (``searcher.warm_start``), else ""."""
     searcher = exp.config.get("searcher") or {}
     earlier = (searcher.get("warm_start") or {}).get("experiments") if searcher.get("name") == "optuna" else None
-    return f"the completed trials of experiment(s) {', '.join(str(e) for e in earlier)}" if earlier else ""
+    if not earlier:
+        return ""
+    return f"the completed trials of experiment(s) {', '.join(str(e) for e in dict.fromkeys(earlier))}"
 
 
 def _describe(args: argparse.Namespace) -> int:
