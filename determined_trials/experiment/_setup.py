@@ -192,13 +192,14 @@ def create_experiment(
 def fork_trial(
     trial_id: int | None = None, *, checkpoint: str | None = None, overrides: tuple[str, ...] = (),
     max_length: int | None = None, run_dir: str | os.PathLike[str] | None = None, display: Display | None = None,
-    ray: str | None = None,
+    ray: str | None = None, config_file: str | os.PathLike[str] | None = None,
 ) -> ExperimentResult:
     """``det-trials trial fork``: a new experiment whose one trial continues trial ``trial_id``'s latest
-    checkpoint (or ``checkpoint``) exactly, with ``overrides`` (``KEY.PATH=VALUE``) and ``max_length`` (in the
-    parent's unit, from the start of the lineage) applied; run as ``create_experiment`` runs one."""
+    checkpoint (or ``checkpoint``) exactly, with ``config_file`` (a YAML mapping of settings), ``overrides``
+    (``KEY.PATH=VALUE``) and ``max_length`` (in the parent's unit, from the start of the lineage) applied; run as
+    ``create_experiment`` runs one."""
     plan = fork_plan(trial_id=trial_id, checkpoint=checkpoint, overrides=overrides, max_length=max_length,
-                     run_dir=run_dir)
+                     run_dir=run_dir, config_file=config_file)
     return create_experiment(plan.config, plan.model_dir, run_dir=run_dir, display=display, ray=ray, fork=plan.start)
 
 
