@@ -1,5 +1,6 @@
 """A fork's W&B run names its parent trial's run: `det.parent_run_id` in its config (W&B's own `fork_from`
-cannot be combined with the `resume="allow"` every trial's run is opened with; docs/forking.md). Other runs carry no such key."""
+cannot be combined with the `resume="allow"` every trial's run is opened with; docs/forking.md). Other runs carry
+no such key."""
 
 from __future__ import annotations
 
