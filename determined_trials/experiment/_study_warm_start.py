@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 from determined_trials.config import ExperimentConfig, OptunaSearcher
 from determined_trials.core.store import LocalStore, NotFoundError, RunState, Trial
@@ -72,7 +72,7 @@ def _metric(store: LocalStore, trial: Trial, metric: str, same_metric: bool,
     return None, f"it has no validation of {metric!r}"
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
