@@ -9,7 +9,10 @@ ratio of regrets (best - 0.397887) of tpe to random. Then optuna/tpe's own cost 
 finished trials, as the runner pays it: tell + ask (`on_validation`) and the two saves of the search with the
 study's record (`state_dict()` written to the run's store, at the trial's end and at the next trial's start);
 the median of the 11 suggestions from 195 to 205 finished, over 3 seeds. And the cost of rebuilding the study of 200
-trials from its record (`load_state_dict`, at `experiment continue`).
+trials from its record (`load_state_dict`, at `experiment continue`). And the warm start (`searcher.warm_start`):
+for the same 7 seeds, the median best of TPE searches of 40 trials in all: one cold search of 40; a cold search of 20
+then a search of 20 told its trials first (`OptunaSearch.tell_earlier`, best over both); and, to show what telling
+adds, the same two searches of 20 with the second one cold.
 
     python benchmarks/search_quality.py [--rounds 7] [--trials 40]
 """
@@ -54,17 +57,47 @@ def _searcher(name: str, seed: int, trials: int) -> Searcher:
     return make_searcher(load_config(raw))
 
 
-def best_after(name: str, seed: int, trials: int) -> float:
-    """The smallest noisy metric one search of `name` found (grid: its 36 points)."""
+def run_search(name: str, seed: int, trials: int,
+               earlier: list[tuple[dict[str, Any], float]] | None = None) -> list[tuple[dict[str, Any], float]]:
+    """Each trial's hyperparameters and noisy metric of one search of `name` (grid: its 36 points); `earlier`:
+    an optuna search told those trials first, as `searcher.warm_start` does."""
     searcher, noise = _searcher(name, seed, trials), random.Random(seed * 7919 + 1)
-    pending, best = list(searcher.initial_trials()), math.inf
+    if earlier is not None:
+        added, skipped = searcher.tell_earlier([(f"trial {i}", hp, m) for i, (hp, m) in enumerate(earlier)])
+        assert added == len(earlier) and not skipped
+    pending, results = list(searcher.initial_trials()), []
     while pending:
         request = pending.pop(0)
         hp = request.hparams
         metric = branin(hp["x1"], hp["x2"]) + noise.gauss(0.0, 0.1)
-        best = min(best, metric)
+        results.append((hp, metric))
         pending.extend(searcher.on_validation(request.request_id, 1, metric))
-    return best
+    return results
+
+
+def best_after(name: str, seed: int, trials: int) -> float:
+    """The smallest noisy metric one search of `name` found (grid: its 36 points)."""
+    return min(metric for _, metric in run_search(name, seed, trials))
+
+
+def warm_start_bests(seed: int, trials: int) -> dict[str, float]:
+    """TPE with `trials` trials in all, three ways: one cold search of them all; a cold search of half, then a
+    second search of half warm-started from the first (the best over both); the same two halves with the second
+    search cold (what the warm start adds). The second search has a seed of its own, as a new experiment has."""
+    half = trials // 2
+    first = run_search("optuna", seed, half)
+    second_seed = seed + 1000
+    best_first = min(m for _, m in first)
+    return {
+        "cold": best_after("optuna", seed, trials),
+        "warm": min(best_first, best_after_told(second_seed, trials - half, first)),
+        "two_cold": min(best_first, best_after("optuna", second_seed, trials - half)),
+    }
+
+
+def best_after_told(seed: int, trials: int, earlier: list[tuple[dict[str, Any], float]]) -> float:
+    """The smallest metric of a warm-started optuna/tpe search's own `trials` trials."""
+    return min(metric for _, metric in run_search("optuna", seed, trials, earlier))
 
 
 def suggestion_costs(seed: int, folder: Path, finished: int = 200) -> tuple[list[float], list[float], float]:
@@ -115,6 +148,16 @@ def main() -> None:
         label = "optuna/tpe" if name == "optuna" else name + (" (36 points)" if name == "grid" else "")
         print(f"  {label:18s} {statistics.median(bests[name]):.4f}")
     print(f"median per-seed regret ratio optuna/tpe : random = {statistics.median(ratios):.3f}")
+    warm = [warm_start_bests(seed, args.trials) for seed in range(args.rounds)]
+    half = args.trials // 2
+    print("\nwarm start: " + "  ".join(f"seed {i}: " + "/".join(f"{v:.3f}" for v in w.values())
+                                      for i, w in enumerate(warm)) + "  (cold / warm / two cold)")
+    print(f"warm start (searcher.warm_start), optuna/tpe, median best over {args.trials} trials, {args.rounds} seeds:")
+    labels = {"cold": f"one cold search of {args.trials}",
+              "warm": f"{half} cold, then {args.trials - half} warm-started",
+              "two_cold": f"{half} cold, then {args.trials - half} cold"}
+    for key, label in labels.items():
+        print(f"  {label:34s} {statistics.median(w[key] for w in warm):.4f}")
     tell_ask: list[float] = []
     save: list[float] = []
     rebuild: list[float] = []

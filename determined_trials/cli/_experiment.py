@@ -87,6 +87,7 @@ def _summary_lines(store: LocalStore, exp: Experiment) -> list[tuple[str, str]]:
         ("ended", local_time(exp.end_time)),
         ("searcher", searcher),
         ("warm start", _warm_start_line(exp)),
+        ("study told", _study_line(exp)),
         ("best validation", "" if best is None else f"{metric} = {text(best)}"),
         ("best trial", _search.best_trial_line(store, exp)),
         ("checkpoints", str(len(store.checkpoints(experiment_id=exp.id)))),
@@ -102,6 +103,15 @@ def _warm_start_line(exp: Experiment) -> str:
         return ""
     trial = f" (trial {warm['trial_id']})" if warm.get("trial_id") is not None else ""
     return f"every trial from the model weights of checkpoint {warm['checkpoint']}{trial}"
+
+
+def _study_line(exp: Experiment) -> str:
+    """The earlier experiments an optuna search's study was told (``searcher.warm_start``), else ""."""
+    searcher = exp.config.get("searcher") or {}
+    earlier = (searcher.get("warm_start") or {}).get("experiments") if searcher.get("name") == "optuna" else None
+    if not earlier:
+        return ""
+    return f"the completed trials of experiment(s) {', '.join(str(e) for e in dict.fromkeys(earlier))}"
 
 
 def _describe(args: argparse.Namespace) -> int:

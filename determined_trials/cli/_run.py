@@ -43,6 +43,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                                "a new experiment whose one trial continues a checkpoint exactly")
     fork.add_argument("trial_id", metavar="TRIAL_ID", type=int, nargs="?", help="fork this trial's latest checkpoint")
     fork.add_argument("--checkpoint", metavar="UUID", help="fork this checkpoint (instead of TRIAL_ID)")
+    fork.add_argument("--config", dest="config_file", metavar="OVERRIDES.YAML", default=None,
+                      help="change the config by a YAML file of the settings to change (before --set)")
     fork.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                       help="change the config (value as YAML), e.g. --set hyperparameters.lr=0.01 (repeatable)")
     fork.add_argument("--max-length", type=int, default=None, metavar="N",
@@ -108,7 +110,7 @@ def _fork(args: argparse.Namespace) -> int:
         result = experiment.fork_trial(
             args.trial_id, checkpoint=args.checkpoint, overrides=tuple(args.overrides), max_length=args.max_length,
             run_dir=_common.run_dir(args), display=experiment.Display(progress=False if args.no_progress else None),
-            ray=args.ray,
+            ray=args.ray, config_file=args.config_file,
         )
     except (ConfigError, experiment.ExperimentError, FileNotFoundError) as exc:
         raise _common.CliError(str(exc)) from None

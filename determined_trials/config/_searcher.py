@@ -16,6 +16,7 @@ __all__ = [
     "AdaptiveASHASearcher",
     "GridSearcher",
     "OptunaSearcher",
+    "OptunaWarmStart",
     "PBTExplore",
     "PBTReplace",
     "PBTSearcher",
@@ -228,6 +229,18 @@ OptunaSampler = Literal["tpe", "gp", "cmaes", "qmc", "random"]
 _CATEGORICAL_SAMPLERS = ("tpe", "gp", "qmc", "random")
 
 
+class OptunaWarmStart(StrictModel):
+    """`warm_start`: earlier experiments whose finished trials the new study is told before its first
+    suggestion."""
+
+    experiments: list[int] = Field(
+        min_length=1,
+        description="ids of earlier experiments in the same run folder; their completed trials whose "
+        "hyperparameters fit this search space are added to the study with their searcher metric, e.g. "
+        "`experiments: [3, 4]`",
+    )
+
+
 class OptunaSearcher(_SearcherBase):
     """Optuna's samplers (ask and tell) over `max_trials` trials; `pip install determined-trials[optuna]`."""
 
@@ -246,6 +259,9 @@ class OptunaSearcher(_SearcherBase):
         description="with a pruner: the ratio of successive rung lengths (asha: 1/divisor of a rung is promoted), "
         "e.g. `divisor: 4`")
     max_rungs: int = Field(default=5, ge=1, description="with a pruner: the most rungs, e.g. `max_rungs: 5`")
+    warm_start: OptunaWarmStart | None = Field(
+        default=None, description="start the study informed by earlier experiments' trials, e.g. "
+        "`warm_start: {experiments: [3]}` (docs/search.md)")
 
     @model_validator(mode="after")
     def _check_length(self) -> OptunaSearcher:

@@ -1,12 +1,14 @@
 """``det-trials trial fork``: a new experiment of the run folder whose one trial continues a checkpoint exactly
 (models, optimizers, LR schedulers, scalers, RNGs, data position and counters, as a resume or a PBT child), with
-the parent's model code, seed and hyperparameters unless ``--set`` changes them, and its lineage recorded."""
+the parent's model code, seed and hyperparameters unless ``--config`` or ``--set`` changes them, and its lineage
+recorded."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +40,13 @@ class ForkPlan:
 
 
 def fork_plan(*, trial_id: int | None = None, checkpoint: str | None = None, overrides: tuple[str, ...] = (),
-              max_length: int | None = None, run_dir: str | os.PathLike[str] | None = None) -> ForkPlan:
+              max_length: int | None = None, run_dir: str | os.PathLike[str] | None = None,
+              config_file: str | os.PathLike[str] | None = None) -> ForkPlan:
     """The fork of trial ``trial_id`` (its latest checkpoint) or of ``checkpoint``: the parent experiment's
-    config with a ``single`` searcher, the parent trial's hyperparameters as constants, ``overrides``
-    (``KEY.PATH=VALUE``, the value read as YAML) applied, and ``max_length`` (in the parent's unit, counted from
-    the start of the lineage) when given. ``ConfigError`` for an unknown trial or checkpoint, or a bad override."""
+    config with a ``single`` searcher, the parent trial's hyperparameters as constants, ``config_file`` (a YAML
+    mapping of the settings to change) then ``overrides`` (``KEY.PATH=VALUE``, the value read as YAML) applied,
+    and ``max_length`` (in the parent's unit, counted from the start of the lineage) when given. ``ConfigError``
+    for an unknown trial or checkpoint, or a bad override."""
     store = LocalStore(resolve_run_dir(run_dir), create=False)
     try:
         uuid, parent = _parent(store, trial_id, checkpoint)
@@ -67,6 +71,9 @@ def fork_plan(*, trial_id: int | None = None, checkpoint: str | None = None, ove
                           "smaller_is_better": searcher.get("smaller_is_better", True), "max_length": length}
     config["hyperparameters"] = copy.deepcopy(parent.hparams)
     config["name"] = f"{exp.name} (fork of trial {parent.id})"
+    if config_file is not None:
+        for keys, value in _config_file_leaves(config_file):
+            _set(config, keys, value, f"--config {config_file}: {'.'.join(keys)}")
     for override in overrides:
         _apply(config, override)
     if config["hyperparameters"].get("global_batch_size") != parent.hparams.get("global_batch_size"):
@@ -101,8 +108,35 @@ def _apply(config: dict[str, Any], override: str) -> None:
     keys = [k for k in path.strip().split(".") if k]
     if not sep or not keys:
         raise ConfigError(f"--set {override!r}: write KEY.PATH=VALUE, e.g. --set hyperparameters.lr=0.01")
+    _set(config, keys, yaml.safe_load(text), f"--set {override!r}")
+
+
+def _config_file_leaves(path: str | os.PathLike[str]) -> Iterator[tuple[list[str], Any]]:
+    """The settings of a ``--config`` YAML file as (key path, value): each leaf of its nested mappings, so that
+    it changes only what it names (``searcher.max_length`` is one value: its unit may change)."""
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--config {path}: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--config {path}: write a mapping of the settings to change, e.g. "
+                          "`hyperparameters: {lr: 0.01}`")
+
+    def leaves(node: dict[str, Any], route: list[str]) -> Iterator[tuple[list[str], Any]]:
+        for key, value in node.items():
+            keys = [*route, str(key)]
+            if isinstance(value, dict) and value and keys != ["searcher", "max_length"]:
+                yield from leaves(value, keys)
+            else:
+                yield keys, value
+
+    yield from leaves(loaded, [])
+
+
+def _set(config: dict[str, Any], keys: list[str], value: Any, shown: str) -> None:
+    """``value`` at ``keys`` in ``config`` (sections made as needed); ``shown`` names the setting in errors."""
     if keys[0] == "searcher" and keys[1:2] not in (["max_length"], ["metric"], ["smaller_is_better"]):
-        raise ConfigError(f"--set {override!r}: a fork's searcher is `single`; only searcher.max_length, metric "
+        raise ConfigError(f"{shown}: a fork's searcher is `single`; only searcher.max_length, metric "
                           "and smaller_is_better may change")
     target = config
     for key in keys[:-1]:
@@ -110,5 +144,5 @@ def _apply(config: dict[str, Any], override: str) -> None:
             target[key] = {}
         target = target[key]
         if not isinstance(target, dict):
-            raise ConfigError(f"--set {override!r}: {key} is not a section")
-    target[keys[-1]] = yaml.safe_load(text)
+            raise ConfigError(f"{shown}: {key} is not a section")
+    target[keys[-1]] = value

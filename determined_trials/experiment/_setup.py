@@ -27,6 +27,7 @@ from determined_trials.experiment._preflight import PreflightError, check_comman
 from determined_trials.experiment._report import Display, TrialSummary, summarize_trials
 from determined_trials.experiment._runner import ExperimentRunner
 from determined_trials.experiment._snapshot import DEFAULT_MAX_CONTEXT_BYTES, snapshot_context
+from determined_trials.experiment._study_warm_start import earlier_trials, tell_earlier_trials
 from determined_trials.experiment._tracebacks import SOURCE_FILE
 from determined_trials.experiment._warm_start import resolve_warm_start
 
@@ -158,7 +159,10 @@ def create_experiment(
     check_trackers(parsed, run_path)  # a missing package or an unanswering MLflow server, before any trial
     store = LocalStore(run_path)
     warm_start = resolve_warm_start(parsed, store, storage)  # an unknown source trial or checkpoint: ConfigError
+    earlier = earlier_trials(parsed, store)  # optuna's warm_start: an unknown experiment is a ConfigError
     display = display or Display(progress=False)
+    if earlier is not None:  # told to the study before its first suggestion (the runner's start_fresh)
+        display.echo(f"det-trials: {tell_earlier_trials(searcher, earlier)}")
     staging = _snapshot_to_staging(Path(context_dir), run_path, max_context_bytes, display, verbatim=fork is not None)
     try:
         check_entrypoint(parsed, staging / "model")
@@ -188,13 +192,14 @@ def create_experiment(
 def fork_trial(
     trial_id: int | None = None, *, checkpoint: str | None = None, overrides: tuple[str, ...] = (),
     max_length: int | None = None, run_dir: str | os.PathLike[str] | None = None, display: Display | None = None,
-    ray: str | None = None,
+    ray: str | None = None, config_file: str | os.PathLike[str] | None = None,
 ) -> ExperimentResult:
     """``det-trials trial fork``: a new experiment whose one trial continues trial ``trial_id``'s latest
-    checkpoint (or ``checkpoint``) exactly, with ``overrides`` (``KEY.PATH=VALUE``) and ``max_length`` (in the
-    parent's unit, from the start of the lineage) applied; run as ``create_experiment`` runs one."""
+    checkpoint (or ``checkpoint``) exactly, with ``config_file`` (a YAML mapping of settings), ``overrides``
+    (``KEY.PATH=VALUE``) and ``max_length`` (in the parent's unit, from the start of the lineage) applied; run as
+    ``create_experiment`` runs one."""
     plan = fork_plan(trial_id=trial_id, checkpoint=checkpoint, overrides=overrides, max_length=max_length,
-                     run_dir=run_dir)
+                     run_dir=run_dir, config_file=config_file)
     return create_experiment(plan.config, plan.model_dir, run_dir=run_dir, display=display, ray=ray, fork=plan.start)
 
 

@@ -4,7 +4,7 @@ memory and its record in the searcher's state (which the runner saves in the sto
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from determined_trials.searcher._base import trial_seed
@@ -59,6 +59,26 @@ class OptunaSearch(RungSearch):
         runner could have had."""
         if max_parallel >= 1:
             self._max_concurrent = min(self._max_concurrent or max_parallel, max_parallel)
+
+    def tell_earlier(self, trials: Iterable[tuple[str, Mapping[str, Any], float]]) -> tuple[int, list[str]]:
+        """Add finished trials of earlier searches, (label, hparams, searcher metric) each, to the study as
+        COMPLETE trials, before its first suggestion (`searcher.warm_start`); those whose hyperparameters do not
+        fit this space are skipped. Returns (how many were added, why each skipped one was: "label: why"). The
+        study's record carries them from then on, so a continued search rebuilds them and adds nothing again."""
+        if self._numbers:
+            raise RuntimeError("earlier trials are told to the study before its first suggestion")
+        optuna = import_optuna()
+        added, skipped = [], []
+        for label, hparams, value in trials:
+            params, why = self._space.params(hparams)
+            if params is None:
+                skipped.append(f"{label}: {why}")
+                continue
+            used = {name: self._space.distributions[name] for name in params}
+            added.append(optuna.trial.create_trial(params=params, distributions=used, value=float(value)))
+        with quiet():
+            self.study.add_trials(added)
+        return len(added), skipped
 
     # -- views ------------------------------------------------------------------------------------
     @property

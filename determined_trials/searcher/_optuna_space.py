@@ -61,6 +61,28 @@ class OptunaSpace:
         """Our nested hparams (the space's key order) from Optuna's flat `params`."""
         return self._fill(self._space, (), params)
 
+    def params(self, hparams: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        """Optuna's flat params (external form) for our nested `hparams` of an earlier trial, or (None, why
+        not): each searched hyperparameter must be there with a value its distribution holds. Constants are
+        not compared."""
+        params: dict[str, Any] = {}
+        for name, distribution in self.distributions.items():
+            found, value = _lookup(hparams, name.split("."))
+            if not found:
+                return None, f"it has no hyperparameter '{name}'"
+            if name in self._indexed:  # Optuna holds the index of the value
+                param = next((i for i, v in enumerate(self._indexed[name]) if v == value), None)
+            else:
+                param = value
+            try:
+                held = param is not None and distribution._contains(distribution.to_internal_repr(param))
+            except (TypeError, ValueError):
+                held = False
+            if not held:
+                return None, f"its '{name}' = {value!r} is outside {_describe(distribution)}"
+            params[name] = param
+        return params, ""
+
     def _fill(self, space: Mapping[str, Any], route: tuple[str, ...], params: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, spec in space.items():
@@ -76,3 +98,24 @@ class OptunaSpace:
             else:  # a plain value: a constant
                 out[key] = copy.deepcopy(spec)
         return out
+
+
+def _lookup(hparams: Mapping[str, Any], route: list[str]) -> tuple[bool, Any]:
+    """(found, value) of the hyperparameter at `route` in nested `hparams`."""
+    node: Any = hparams
+    for key in route:
+        if not isinstance(node, Mapping) or key not in node:
+            return False, None
+        node = node[key]
+    return True, node
+
+
+
+def _describe(distribution: Any) -> str:
+    """A distribution as a message shows it: the choices (by index for values Optuna cannot hold), or the range."""
+    choices = getattr(distribution, "choices", None)
+    if choices is not None:
+        return f"the choices {list(choices)}"
+    step = getattr(distribution, "step", None)
+    steps = f" in steps of {step}" if step not in (None, 1) else ""
+    return f"the range [{distribution.low}, {distribution.high}]{steps}"

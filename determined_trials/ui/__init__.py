@@ -2,10 +2,10 @@
 charts, checkpoints, logs; pause, continue and kill) and the JSON API its page uses (docs/ui.md).
 
 Owns the app and its routes (``_app``), who may ask (``_auth``: Host and Origin checks, the token as bearer or
-cookie), the JSON the API answers (``_data``; an optuna study's parameter importances: ``_importances``),
-downsampling series (``_downsample``), the token file and serving with uvicorn (``_server``), noticing a run
-folder deleted or replaced under it (``_watch``) and the page's files
-(``static/``).
+cookie), the JSON the API answers (``_data``; an optuna study's parameter importances: ``_importances``; where
+a trial or experiment came from, for the links back: ``_lineage``), downsampling series (``_downsample``), the
+token file and serving with uvicorn (``_server``), noticing a run folder deleted or replaced under it
+(``_watch``) and the page's files (``static/``).
 
 ``core`` and ``core.store`` for reads, ``experiment`` for the three actions. Only ``cli`` imports it, and
 only when ``det-trials ui`` runs (starlette and uvicorn are the ``ui`` extra).

@@ -18,6 +18,7 @@ from determined_trials.core import experiment_progress, planned_trials
 from determined_trials.core.store import CheckpointRecord, Experiment, LocalStore, RunState, Trial, owner_alive
 from determined_trials.ui._downsample import keep_indices
 from determined_trials.ui._importances import param_importances
+from determined_trials.ui._lineage import experiment_origins, trial_origin
 
 __all__ = [
     "MAX_LOG_LINES",
@@ -130,8 +131,10 @@ def experiment(store: LocalStore, experiment_id: int) -> dict[str, Any]:
     """One experiment, as in :func:`experiments`, plus its config, metric names per group and the names of the
     config's log-scaled hyperparameters and of those it searches (a range or several choices)."""
     exp = store.experiment(experiment_id)
-    out = _experiment_dict(store, exp, store.trials(exp.id), store.trial_counts().get(exp.id, {}))
+    trials = store.trials(exp.id)
+    out = _experiment_dict(store, exp, trials, store.trial_counts().get(exp.id, {}))
     out["config"] = clean(exp.config)
+    out["origins"] = experiment_origins(store, exp, trials)  # a fork's parent trial, a warm start's checkpoint
     specs = list(_hparam_specs(exp.config.get("hyperparameters")))
     out["log_hparams"] = [name for name, spec in specs if spec.get("type") == "log"]
     out["searched_hparams"] = [name for name, spec in specs if _searched(spec)]
@@ -175,7 +178,8 @@ def trial(store: LocalStore, trial_id: int) -> dict[str, Any]:
                config=clean(exp.config), metric_groups=store.metric_groups(t.id),
                trackers={name: {"run_id": run["run_id"], "url": run["url"]}
                          for name, run in store.tracker_runs(t.id).items()},
-               time=store.trial_time(t.id, now=time.time()))  # where its wall time went, in seconds
+               time=store.trial_time(t.id, now=time.time()),  # where its wall time went, in seconds
+               origin=trial_origin(store, t, exp))  # the trial and checkpoint it started from, or null
     return out
 
 

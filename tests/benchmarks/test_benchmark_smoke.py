@@ -1,11 +1,13 @@
 """Smoke tests of the benchmarks' ``--quick`` runs: each runs end to end and prints its ratio lines (no timing
-checks); and their GPU code paths keep every tensor on ``--device`` (checked on the ``meta`` device)."""
+checks); their GPU code paths keep every tensor on ``--device`` (checked on the ``meta`` device); and
+search_quality's warm start tells the second search the first one's trials."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -145,3 +147,14 @@ def test_the_async_checkpoint_benchmarks_fits_keep_every_tensor_on_the_device(
         for asynchronous in (True, False):
             timer, trial = bench._fit(args, tmp_path / f"run-{asynchronous}", asynchronous)
             assert timer.calls == 1 and trial.context.device.type == "meta"
+
+
+def test_search_quality_warm_start_tells_the_second_search_the_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("optuna")
+    bench = _benchmark("search_quality", monkeypatch)
+    first = bench.run_search("optuna", 0, 6)
+    told = bench.run_search("optuna", 1, 4, first)  # asserts every earlier trial was added to the study
+    assert len(told) == 4 and all(math.isfinite(m) for _, m in told)
+    bests = bench.warm_start_bests(0, 8)
+    assert set(bests) == {"cold", "warm", "two_cold"}
+    assert bests["warm"] <= min(m for _, m in bench.run_search("optuna", 0, 4))  # the best over both halves

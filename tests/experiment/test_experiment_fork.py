@@ -151,3 +151,30 @@ def test_set_overrides_reach_the_config_and_bad_ones_are_errors() -> None:
                          ("hyperparameters.lr.x=1", "lr is not a section")):
         with pytest.raises(ConfigError, match=message):
             _apply(config, bad)
+
+
+def test_a_config_file_changes_what_it_names_before_set(tmp_path: Path) -> None:
+    from determined_trials.errors import ConfigError
+    from determined_trials.experiment._fork import fork_plan
+
+    run_dir = tmp_path / "runs"
+    store = LocalStore(run_dir)
+    exp = store.create_experiment(name="p", config={
+        "searcher": {"name": "random", "metric": "loss", "max_length": {"batches": 10}},
+        "hyperparameters": {"lr": 0.1, "opt": {"name": "adam", "beta": 0.9}}, "min_validation_period": None},
+        model_dir=str(tmp_path))
+    trial = store.create_trial(experiment_id=exp, hparams={"lr": 0.1, "opt": {"name": "adam", "beta": 0.9}}, seed=3)
+    store.add_checkpoint(uuid="c-1", trial_id=trial, steps_completed=3, metadata={"steps_completed": 3},
+                         resources={"x": 1}, storage="shared_fs")
+    store.close()
+    changes = tmp_path / "overrides.yaml"
+    changes.write_text("hyperparameters: {lr: 0.3, opt: {beta: 0.5}}\nmin_validation_period: {batches: 2}\n"
+                       "searcher: {max_length: {epochs: 2}}\n")
+    plan = fork_plan(trial_id=trial, config_file=changes, overrides=("hyperparameters.lr=0.02",), run_dir=run_dir)
+    assert plan.config["hyperparameters"] == {"lr": 0.02, "opt": {"name": "adam", "beta": 0.5}}  # --set last
+    assert plan.config["min_validation_period"] == {"batches": 2}
+    assert plan.config["searcher"]["max_length"] == {"epochs": 2}  # replaced whole: its unit changed
+    for text, message in (("searcher: {name: grid}", "searcher is `single`"), ("- 1", "a mapping of the settings")):
+        changes.write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            fork_plan(trial_id=trial, config_file=changes, run_dir=run_dir)

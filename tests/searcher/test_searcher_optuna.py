@@ -253,3 +253,24 @@ def test_config_errors() -> None:
                                          r"asks for \('random'"):
         other = _optuna(sampler="random")
         other.load_state_dict(_optuna().state_dict())
+
+
+def test_earlier_trials_that_fit_the_space_are_told_before_the_first_ask() -> None:
+    search = _optuna()
+    fits = {"lr": 0.01, "layers": 2, "dropout": 0.1, "opt": {"name": "sgd", "sizes": [16]}, "tag": {}, "plain": 9}
+    misfits = [
+        ("trial 2", {**fits, "layers": 7}, "its 'layers' = 7 is outside the range [1, 4]"),
+        ("trial 3", {**fits, "opt": {"name": "sgd", "sizes": [32]}}, "its 'opt.sizes' = [32] is outside the choices"),
+        ("trial 4", {k: v for k, v in fits.items() if k != "dropout"}, "it has no hyperparameter 'dropout'"),
+        ("trial 5", {**fits, "lr": "fast"}, "its 'lr' = 'fast' is outside the range [0.0001, 0.1]"),
+    ]
+    added, skipped = search.tell_earlier([("trial 1", fits, 0.5)] + [(label, hp, 0.1) for label, hp, _ in misfits])
+    assert added == 1 and [why.split(": ", 1)[0] for why in skipped] == [label for label, _, _ in misfits]
+    for why, (_, _, expected) in zip(skipped, misfits):
+        assert expected in why
+    (told,) = search.study.trials  # constants are not compared; the categorical of lists by its index
+    assert (told.state.name, told.value, told.params["opt.sizes"], told.params["opt.name"]) == ("COMPLETE", 0.5, 1, "sgd")
+    first = search.initial_trials()[0]
+    assert search.trial_number(first.request_id) == 1  # the first ask comes after the told trial
+    with pytest.raises(RuntimeError, match="before its first suggestion"):
+        search.tell_earlier([("trial 6", fits, 0.4)])

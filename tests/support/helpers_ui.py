@@ -15,7 +15,7 @@ from pathlib import Path
 
 from determined_trials.core import LocalStore
 
-__all__ = ["EVIL", "login_url", "make_big_store", "make_store", "running_ui"]
+__all__ = ["EVIL", "add_origins", "login_url", "make_big_store", "make_store", "running_ui"]
 
 EVIL = '<img src=x onerror="window.__pwned=1">'
 
@@ -44,6 +44,17 @@ def make_store(run_dir: Path, *, trials: int = 3, training_rows: int = 50, valid
         store.set_trial_progress(tid, 0.5)
     store.set_trial_state(1, "COMPLETED")
     return store
+
+
+def add_origins(store: LocalStore) -> tuple[int, int, int]:
+    """To ``make_store``'s run folder: a fork of trial 2 (its checkpoint) and an optuna search warm-started from
+    experiment 1 and the fork; (fork's experiment, fork's trial, the search's experiment)."""
+    fork = store.create_experiment(name="fork", config={"searcher": {"name": "single", "metric": "loss"}})
+    child = store.create_trial(experiment_id=fork, hparams={}, seed=1, parent_trial_id=2,
+                               parent_checkpoint="ckpt-2-00000000")
+    study = store.create_experiment(name="study", config={"searcher": {
+        "name": "optuna", "metric": "loss", "warm_start": {"experiments": [1, fork]}}})
+    return fork, child, study
 
 
 def make_big_store(run_dir: Path, *, trials: int = 200, training_rows: int = 4_500, validation_rows: int = 500) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
 
-from support.helpers_ui import make_store, running_ui  # noqa: E402
+from support.helpers_ui import add_origins, make_store, running_ui  # noqa: E402
 
 with warnings.catch_warnings():  # starlette 1.x asks for httpx2 in place of httpx; both work
     warnings.simplefilter("ignore")
@@ -133,6 +133,24 @@ def test_a_trial_names_its_tracker_runs(run_dir: Path) -> None:
     url = "http://127.0.0.1:5000/#/experiments/1/runs/abc"
     LocalStore(run_dir).set_tracker_run(2, "mlflow", "abc", url)
     assert _client(run_dir).get("/api/v1/trials/2").json()["trackers"] == {"mlflow": {"run_id": "abc", "url": url}}
+
+
+def test_a_fork_and_warm_started_searches_name_their_origin(run_dir: Path) -> None:
+    """The lineage fields the page links back from: a fork's parent trial and checkpoint (on its trial and its
+    experiment), a warm start's checkpoint and trial, an optuna study's earlier experiments."""
+    store = LocalStore(run_dir)
+    fork, child, warm = add_origins(store)
+    store.set_searcher_state(warm, {"warm_start": {"checkpoint": "ckpt-2-00000000", "trial_id": 2}})
+    warm_trial = store.create_trial(experiment_id=warm, hparams={}, seed=1)
+    client = _client(run_dir)
+    parent = {"trial_id": 2, "experiment_id": 1, "checkpoint": "ckpt-2-00000000"}
+    assert client.get(f"/api/v1/trials/{child}").json()["origin"] == {"kind": "fork", **parent}
+    assert client.get(f"/api/v1/experiments/{fork}").json()["origins"] == [{"kind": "fork", **parent}]
+    assert client.get(f"/api/v1/trials/{warm_trial}").json()["origin"] == {"kind": "warm_start", **parent}
+    assert client.get(f"/api/v1/experiments/{warm}").json()["origins"] == [
+        {"kind": "warm_start", **parent}, {"kind": "study", "experiments": [1, fork]}]
+    assert client.get("/api/v1/trials/1").json()["origin"] is None  # a trial of a plain search
+    assert client.get("/api/v1/experiments/1").json()["origins"] == []
 
 
 def test_log_tail_reads_the_runners_log(run_dir: Path) -> None:

@@ -38,6 +38,8 @@ class WandbSink:
         config: dict[str, Any] = dict(facts.params)
         config.update({"det.experiment_id": facts.trial.experiment_id, "det.trial_id": facts.trial.trial_id,
                        "det.searcher_metric": facts.searcher_metric})
+        if self.name in facts.parent_runs:  # a fork: its run names its parent trial's run (see docs/forking.md)
+            config["det.parent_run_id"] = facts.parent_runs[self.name]
         self._run = wandb.init(
             id=run_id, resume="allow", project=self._settings.project or facts.experiment_name,
             entity=self._settings.entity, mode=self._settings.mode, dir=str(folder), name=facts.run_name,

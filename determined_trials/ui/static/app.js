@@ -242,6 +242,25 @@
     };
   }
 
+  /* Where a trial or an experiment came from (the API's `origin` / `origins`), with links back to the parent trial
+     and experiment: a fork's or a PBT child's parent, a warm start's checkpoint, an optuna study's earlier experiments. */
+  function originLine(o) {
+    const trialA = (tid) => el("a", { href: "/trials/" + tid, class: "origin-trial" }, "trial " + tid);
+    const expA = (eid) => el("a", { href: "/experiments/" + eid, class: "origin-experiment" }, "experiment " + eid);
+    const inExp = o.experiment_id === null || o.experiment_id === undefined ? [] : [" (", expA(o.experiment_id), ")"];
+    const ckpt = o.checkpoint ? el("code", { class: "clip", title: o.checkpoint }, o.checkpoint) : "";
+    if (o.kind === "study") {
+      const links = o.experiments.flatMap((eid, i) => (i ? [", ", expA(eid)] : [expA(eid)]));
+      return el("span", { class: "origin", "data-kind": o.kind }, "optuna study told the trials of ", ...links);
+    }
+    if (o.kind === "warm_start") {
+      const from = o.trial_id === null || o.trial_id === undefined ? [] : [" of ", trialA(o.trial_id), ...inExp];
+      return el("span", { class: "origin", "data-kind": o.kind }, "warm start: every trial from the weights of checkpoint ", ckpt, ...from);
+    }
+    const what = o.kind === "fork" ? "forked from " : "PBT child of ";
+    return el("span", { class: "origin", "data-kind": o.kind }, what, trialA(o.trial_id), ...inExp, ", from checkpoint ", ckpt);
+  }
+
   /* A hyperparameter drawn on a log axis: type `log` in the config (logNames), or positive numbers spanning
      three decades or more. */
   function logScaled(name, values, logNames) {
@@ -404,7 +423,8 @@
         el("span", { id: "best" }, e.searcher.metric ? "best " + e.searcher.metric + ": " + fmtNum(e.best_metric) : ""),
         el("span", { id: "trial-counts" }, plural(e.num_trials, "trial") + ": " + Object.entries(e.trial_counts).map(([s, n]) => s + " " + n).join(", ")),
         e.reason ? el("span", { class: "muted wrap", id: "reason" }, e.reason) : "",
-        e.state === "ACTIVE" && !e.running ? el("span", { class: "muted", id: "not-running" }, "no process runs it now") : "");
+        e.state === "ACTIVE" && !e.running ? el("span", { class: "muted", id: "not-running" }, "no process runs it now") : "",
+        (e.origins || []).length ? el("span", { id: "origins" }, ...e.origins.map(originLine)) : "");
       actions.update(e);
       fillTime(timeBody, e.time);
       const names = Array.from(new Set(t.trials.flatMap((tr) => Object.keys(flatten(tr.hparams, "", {}))))).sort();
@@ -479,6 +499,7 @@
       const rows = [["State", stateBadge(t.state)], ["Status", t.status || ""], ["Batches", fmtNum(t.batches)],
         ["Progress", progressBar(t.state === "COMPLETED" ? 1 : t.progress, "trial-progress")],
         ["Best " + (t.searcher.metric || "metric"), fmtNum(t.best_metric)], ["Restarts", String(t.restarts)], ["Seed", String(t.seed)],
+        ["Started from", t.origin ? originLine(t.origin) : ""],
         ["Reason", t.reason ? el("span", { class: "wrap", id: "trial-reason" }, t.reason) : ""], ["Started", fmtTime(t.start_time)], ["Ended", fmtTime(t.end_time)]];
       for (const [name, run] of Object.entries(t.trackers || {})) {
         const label = (name === "mlflow" ? "MLflow" : name === "wandb" ? "W&B" : name) + " run";
