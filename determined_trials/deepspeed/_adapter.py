@@ -8,6 +8,7 @@ until the boundary (one host transfer, one allgather); only the ranks whose MPU 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,7 @@ class DeepSpeedAdapter(TrialAdapter):
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+        restore_functional_linear()
 
     # -- validation ----------------------------------------------------------------------------
 
@@ -250,3 +252,18 @@ class DeepSpeedAdapter(TrialAdapter):
             if test_mode:
                 break
         return reduce_across_ranks(self._dist, metrics, reducers, False, reports=reports)[0]
+
+
+def restore_functional_linear() -> None:
+    """Put torch's ``torch.nn.functional.linear`` back once a trial ends.
+
+    A ZeRO-3 engine (and ``zero.Init``) replaces it for the whole process with DeepSpeed's memory-efficient
+    version, which "persists unless manually reset": every later model of the process (another trial, a
+    compiled model's autocast) would run DeepSpeed's autograd function instead of torch's op.
+    """
+    partition = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
+    if partition is None:  # no ZeRO-3 in this process
+        return
+    original = getattr(partition.InsertPostInitMethodToModuleSubClasses, "linear_bk", None)
+    if original is not None and torch.nn.functional.linear is not original:
+        torch.nn.functional.linear = original

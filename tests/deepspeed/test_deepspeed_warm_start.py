@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.helpers_process_group import drop_process_group
 from support.helpers_warm_start import as_warm_started_trial
 from trials_deepspeed import DSTrial, config, weights
 
@@ -24,8 +25,7 @@ FIT: dict[str, Any] = {"max_length": det_ds.Batch(3), "checkpoint_policy": "none
 @pytest.fixture(scope="module", autouse=True)
 def _own_process_group() -> Iterator[None]:
     yield
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    drop_process_group()
 
 
 class _Recorded(DSTrial):
