@@ -40,11 +40,13 @@ def _is_zero_folder(folder: Path) -> bool:
 
 
 def _convert(engine_dir: Path, out: Path) -> None:
-    """``ds_to_universal`` of one engine folder, in this process (no worker pool), its prints kept out of the log."""
+    """``ds_to_universal`` of one engine folder, in this process (no worker pool), its prints kept out of the log.
+    A plain model's ZeRO-1/2 checkpoint lacks the ``universal_checkpoint_info`` that Megatron-style clients
+    write; ``inject_missing_state`` adds its version entry, all a model without tensor parallelism needs."""
     from deepspeed.checkpoint import ds_to_universal
 
     args = argparse.Namespace(input_folder=str(engine_dir), output_folder=str(out), num_extract_workers=1,
-                              num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=False)
+                              num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
         ds_to_universal.main(args)
