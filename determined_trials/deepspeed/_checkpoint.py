@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["consolidate_checkpoint", "load_engine_weights", "load_rank_state", "rank_state_file", "save_rank_state"]
 
 logger = logging.getLogger("determined_trials.deepspeed")
+_LAYOUT = "det_layout"  # the writer's number of ranks and global batch size, beside the callbacks' state
 
 
 def rank_state_file(path: Path, rank: int) -> Path:
@@ -38,10 +39,10 @@ def rank_state_file(path: Path, rank: int) -> Path:
 def save_rank_state(path: Path, trial: DeepSpeedTrial, context: DeepSpeedTrialContext, hooks: HookRunner) -> None:
     """On every rank: the harness state file, ``load_data.json`` (chief), then ``trial.save``."""
     rank = context.distributed.get_rank()
-    state = {"callbacks": hooks.state_dict(), "rng_state": capture_rng(),
-             "world_size": context.distributed.get_size(), "train_batch_size": _train_batch_size(context)}
+    state = {"callbacks": hooks.state_dict(), "rng_state": capture_rng()}
     hooks.call("on_checkpoint_save_start", state)
-    torch.save(state, rank_state_file(path, rank))
+    layout = {"world_size": context.distributed.get_size(), "train_batch_size": _train_batch_size(context)}
+    torch.save({**state, _LAYOUT: layout}, rank_state_file(path, rank))
     if rank == 0:
         write_load_data(path, trial, context, "DeepSpeedTrial")
     trial.save(context, path)
@@ -59,7 +60,7 @@ def load_rank_state(path: Path, trial: DeepSpeedTrial, context: DeepSpeedTrialCo
     saved_world = saved_world_size(path)
     file = rank_state_file(path, rank if rank < saved_world else 0)
     state: dict[str, Any] = torch.load(file, map_location="cpu", weights_only=True)
-    _check_same_global_batch(path, state, context, saved_world)
+    _check_same_global_batch(path, state.pop(_LAYOUT, {}), context, saved_world)  # callbacks never see it
     hooks.call("on_checkpoint_load_start", state)
     if saved_world == world:
         trial.load(context, path)
@@ -79,10 +80,10 @@ def _train_batch_size(context: DeepSpeedTrialContext) -> int | None:
     return int(context.models[0].train_batch_size()) if context.models else None
 
 
-def _check_same_global_batch(path: Path, state: dict[str, Any], context: DeepSpeedTrialContext,
+def _check_same_global_batch(path: Path, layout: dict[str, Any], context: DeepSpeedTrialContext,
                              saved_world: int) -> None:
     """The data position counts batches of the checkpoint's global batch size: it must not change."""
-    saved, now = state.get("train_batch_size"), _train_batch_size(context)
+    saved, now = layout.get("train_batch_size"), _train_batch_size(context)
     if saved is None or now is None or saved == now:
         return
     world = context.distributed.get_size()
