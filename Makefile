@@ -15,7 +15,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # DeepSpeed's CPU Adam op (ZeRO-Offload's optimizer, docs/deepspeed.md), compiled once into the torch extensions
-# cache (~70 s the first time, about a second once cached): never inside a trial's first batches or a test's timeout.
+# cache (~70 s the first time; once cached, it is only loaded): never inside a trial or a test's timeout.
 deepspeed-ops: $(STAMP)
 	DS_ACCELERATOR=cpu $(BIN)/python -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load(verbose=False)"
 
