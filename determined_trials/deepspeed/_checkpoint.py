@@ -4,13 +4,14 @@ checkpoint into one plain ``state_dict`` for inference."""
 
 from __future__ import annotations
 
+import logging
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from determined_trials.deepspeed._reshard import saved_world_size, universal_view
 from determined_trials.loop import HookRunner
 from determined_trials.pytorch.checkpoint import (
     capture_rng,
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["consolidate_checkpoint", "load_engine_weights", "load_rank_state", "rank_state_file", "save_rank_state"]
 
-_RANK_FILE = re.compile(r"^det_state_rank(\d+)\.pth$")
+logger = logging.getLogger("determined_trials.deepspeed")
+_LAYOUT = "det_layout"  # the writer's number of ranks and global batch size, beside the callbacks' state
 
 
 def rank_state_file(path: Path, rank: int) -> Path:
@@ -39,7 +41,8 @@ def save_rank_state(path: Path, trial: DeepSpeedTrial, context: DeepSpeedTrialCo
     rank = context.distributed.get_rank()
     state = {"callbacks": hooks.state_dict(), "rng_state": capture_rng()}
     hooks.call("on_checkpoint_save_start", state)
-    torch.save(state, rank_state_file(path, rank))
+    layout = {"world_size": context.distributed.get_size(), "train_batch_size": _train_batch_size(context)}
+    torch.save({**state, _LAYOUT: layout}, rank_state_file(path, rank))
     if rank == 0:
         write_load_data(path, trial, context, "DeepSpeedTrial")
     trial.save(context, path)
@@ -48,22 +51,49 @@ def save_rank_state(path: Path, trial: DeepSpeedTrial, context: DeepSpeedTrialCo
 
 
 def load_rank_state(path: Path, trial: DeepSpeedTrial, context: DeepSpeedTrialContext, hooks: HookRunner) -> None:
-    """On every rank: ``trial.load`` (the engines), then this rank's callbacks and RNGs."""
-    rank = context.distributed.get_rank()
-    file = rank_state_file(path, rank)
-    if not file.exists():
-        saved = sorted(int(m.group(1)) for f in path.iterdir() if (m := _RANK_FILE.match(f.name)))
-        if not saved:
-            raise FileNotFoundError(f"{path} has no det_state_rank<R>.pth: it is not a DeepSpeedTrial checkpoint")
-        raise RuntimeError(
-            f"checkpoint {path} was written by {len(saved)} rank(s) but this job has rank {rank} of "
-            f"{context.distributed.get_size()}; resume with the same number of processes"
-        )
+    """On every rank: ``trial.load`` (the engines), then this rank's callbacks and RNGs.
+
+    A checkpoint of another number of ranks is resumed through DeepSpeed's universal checkpoint format
+    (``trial.load`` gets a converted view of it); callbacks then come from the same rank, else rank 0, and
+    the RNGs stay as seeded (they are per rank)."""
+    rank, world = context.distributed.get_rank(), context.distributed.get_size()
+    saved_world = saved_world_size(path)
+    file = rank_state_file(path, rank if rank < saved_world else 0)
     state: dict[str, Any] = torch.load(file, map_location="cpu", weights_only=True)
+    _check_same_global_batch(path, state.pop(_LAYOUT, {}), context, saved_world)  # callbacks never see it
     hooks.call("on_checkpoint_load_start", state)
-    trial.load(context, path)
+    if saved_world == world:
+        trial.load(context, path)
+    else:
+        with universal_view(path, context) as view:
+            trial.load(context, view)
     hooks.load_state_dict(state.get("callbacks", {}))
-    restore_rng(state["rng_state"])
+    if saved_world == world:
+        restore_rng(state["rng_state"])
+    else:
+        logger.info("checkpoint %s was written by %d rank(s), resumed on %d: the engines were resharded through "
+                    "DeepSpeed's universal checkpoint, the data order goes on, the RNGs stay as seeded",
+                    path, saved_world, world)
+
+
+def _train_batch_size(context: DeepSpeedTrialContext) -> int | None:
+    return int(context.models[0].train_batch_size()) if context.models else None
+
+
+def _check_same_global_batch(path: Path, layout: dict[str, Any], context: DeepSpeedTrialContext,
+                             saved_world: int) -> None:
+    """The data position counts batches of the checkpoint's global batch size: it must not change."""
+    saved, now = layout.get("train_batch_size"), _train_batch_size(context)
+    if saved is None or now is None or saved == now:
+        return
+    world = context.distributed.get_size()
+    raise RuntimeError(
+        f"checkpoint {path} was written with a global batch of {saved} records (train_batch_size, on "
+        f"{saved_world} rank(s)) but this job's engine has train_batch_size {now} on {world} rank(s): the data "
+        f"position is counted in batches of {saved}, so keep train_batch_size {saved} and change "
+        "train_micro_batch_size_per_gpu or gradient_accumulation_steps instead (train_batch_size = micro-batch x "
+        f"gradient_accumulation_steps x {world} ranks)"
+    )
 
 
 def load_engine_weights(path: Path, context: DeepSpeedTrialContext) -> None:

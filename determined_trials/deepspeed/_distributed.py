@@ -43,9 +43,10 @@ def start_deepspeed_distributed() -> core.DistributedContext | None:
     """Initialise torch.distributed through DeepSpeed (once per process) and return the job's
     DistributedContext, or None for a job of one process.
 
-    Under a launcher (torchrun, ``deepspeed``: WORLD_SIZE set) the process group comes from the
-    environment; a lone process gets a group of one on a free loopback port (``deepspeed.initialize``
-    needs one) and ``LOCAL_RANK=0``, which DeepSpeed requires.
+    Under a launcher (torchrun, ``deepspeed``: MASTER_ADDR and RANK set), also of one slot, the process
+    group comes from the environment (torchrun's workers must use its agent's store); a lone process gets
+    a group of one on a free loopback port (``deepspeed.initialize`` needs one) and ``LOCAL_RANK=0``, which
+    DeepSpeed requires.
     """
     quiet_deepspeed_logs()  # also when the trial's own module imported deepspeed first
     import deepspeed
@@ -55,7 +56,8 @@ def start_deepspeed_distributed() -> core.DistributedContext | None:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout = datetime.timedelta(seconds=collective_timeout())
     size = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if size <= 1 and not dist.is_initialized():
+    launched = "MASTER_ADDR" in os.environ and "RANK" in os.environ  # also of one slot: env:// (its store)
+    if size <= 1 and not launched and not dist.is_initialized():
         os.environ.setdefault("LOCAL_RANK", "0")
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
                                 timeout=timeout)

@@ -45,14 +45,14 @@ class LaunchedTrial(DSTrial):
 '''
 
 
-def _config(folder: Path, name: str, **hparams: object) -> Path:
+def _config(folder: Path, name: str, slots: int = 2, batches: int = LENGTH, **hparams: object) -> Path:
     hp = {"global_batch_size": 16, "stage": 1, "micro": 4, "gas": 2, "sleep": 0.0, "length": LENGTH, **hparams}
     path = folder / name
     path.write_text(textwrap.dedent(f"""
         hyperparameters: {json.dumps(hp)}
-        searcher: {{name: single, metric: val_loss, max_length: {{batches: {LENGTH}}}}}
+        searcher: {{name: single, metric: val_loss, max_length: {{batches: {batches}}}}}
         min_validation_period: {{batches: 4}}
-        resources: {{slots_per_trial: 2}}
+        resources: {{slots_per_trial: {slots}}}
         reproducibility: {{experiment_seed: 2024}}
     """))
     return path
@@ -95,6 +95,25 @@ def test_sigterm_preempts_a_zero1_run_and_it_resumes_on_two_ranks(
     launches.append(second)
     assert second.finish()[0] == 0, second.output
     assert second.batches() == {r: list(range(stopped_after, LENGTH)) for r in (0, 1)}
+    final = json.loads((code_dir / "weights.json").read_text())
+    for got, want in zip(final, plain_loop(LENGTH, 16)):
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5)
+    assert_nothing_left(second, tmp_path)
+
+
+def test_a_two_rank_zero2_checkpoint_resumes_on_one_slot(tmp_path: Path, code_dir: Path,
+                                                         launches: list[Launch]) -> None:
+    run_dir, half = tmp_path / "runs", LENGTH // 2
+    first = Launch(["--config", str(_config(tmp_path, "two.yaml", stage=2, batches=half)),
+                    "--trial", "ds_launched.py:LaunchedTrial"], code_dir, run_dir, launcher="deepspeed")
+    launches.append(first)
+    assert first.finish()[0] == 0, first.output
+    one_slot = _config(tmp_path, "one.yaml", slots=1, stage=2, micro=8)  # the same 16 records per batch
+    second = Launch(["--config", str(one_slot), "--latest-checkpoint", "latest", "--trial", "ds_launched.py:LaunchedTrial"],
+                    code_dir, run_dir, launcher="deepspeed")
+    launches.append(second)
+    assert second.finish()[0] == 0, second.output
+    assert second.batches() == {0: list(range(half, LENGTH))}
     final = json.loads((code_dir / "weights.json").read_text())
     for got, want in zip(final, plain_loop(LENGTH, 16)):
         np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5)

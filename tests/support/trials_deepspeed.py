@@ -34,14 +34,25 @@ def config(*, stage: int = 0, micro: int = 4, gas: int = 1, ranks: int = 1, leng
 
 
 def ds_config(hp: dict[str, Any]) -> dict[str, Any]:
+    """hp ``scheduler``: a linear WarmupLR (20 steps); ``offload``: "optimizer" (``offload_optimizer`` to the CPU) or "param" (also ``offload_param``, ZeRO-3);
+    either runs DeepSpeed's CPU Adam (``torch_adam`` off), whose op must be prebuilt (``make venv``)."""
+    offload = hp.get("offload")
+    zero: dict[str, Any] = {"stage": hp["stage"]}
+    if hp["stage"] == 3:  # ZeRO-3 keeps parameters below a size whole on every rank; 0: partition even this tiny model's
+        zero["stage3_param_persistence_threshold"] = 0
+    if offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if offload == "param":
+        zero["offload_param"] = {"device": "cpu"}
     return {
         "train_batch_size": hp["global_batch_size"],
         "train_micro_batch_size_per_gpu": hp["micro"],
         "gradient_accumulation_steps": hp["gas"],
-        "optimizer": {"type": "Adam", "params": {"lr": LR, "weight_decay": 0.0, "torch_adam": True}},
-        # ZeRO-3 keeps parameters below a size whole on every rank; 0: partition even this tiny model's
-        "zero_optimization": {"stage": hp["stage"], **({"stage3_param_persistence_threshold": 0}
-                                                       if hp["stage"] == 3 else {})},
+        "optimizer": {"type": "Adam", "params": {"lr": LR, "weight_decay": 0.0, "torch_adam": not offload}},
+        "zero_optimization": zero,
+        **({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": LR,
+                                                         "warmup_num_steps": 20, "warmup_type": "linear"}}}
+           if hp.get("scheduler") else {}),
         "gradient_clipping": 0.0,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -107,6 +118,29 @@ class DSTrial(det_ds.DeepSpeedTrial):
         x, y = self.context.to_device(next(dataloader_iter))
         self.eval_calls += 1
         return {"val_loss": nn.functional.mse_loss(self.engine(x), y)}
+
+    def load(self, context: det_ds.DeepSpeedTrialContext, path: Any) -> None:
+        super().load(context, path)
+        if context.get_hparams().get("record_loaded"):  # what the engine holds right after the resume
+            self.loaded_state = full_state(self.engine)
+            self.loaded_scheduler = scheduler_state(self.engine)
+
+
+def scheduler_state(engine: Any) -> dict[str, Any] | None:
+    return engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None
+
+
+def full_state(engine: Any) -> dict[str, list[list[float]]] | None:
+    """ZeRO 1-3: every parameter's whole fp32 master copy and Adam moments (gathered: a collective every rank
+    calls), as nested lists in the module's parameter order; None below ZeRO 1."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    if engine.zero_optimization_stage() == 0:
+        return None
+    params = list(engine.module.parameters())
+    flat = {"fp32": [safe_get_full_fp32_param(p) for p in params]}
+    flat.update({key: [safe_get_full_optimizer_state(p, key) for p in params] for key in ("exp_avg", "exp_avg_sq")})
+    return {key: [t.detach().float().reshape(-1).tolist() for t in tensors] for key, tensors in flat.items()}
 
 
 class PretrainedTrial(DSTrial):

@@ -4,7 +4,9 @@
 
 Usage: worker_deepspeed.py PLAN_JSON. A scenario: {"name", "trial" (DSTrial|PipeTrial|PretrainedTrial), "config" (kwargs of
 trials_deepspeed.config), "stop_after" / "sigterm_after" + "signal_rank" (batch after which rank 0 asks to
-stop / that rank gets SIGTERM), "resume" (the name of an earlier scenario whose last checkpoint to resume)}.
+stop / that rank gets SIGTERM), "resume" (the name of an earlier scenario whose last checkpoint to resume) or "resume_uuid" (a checkpoint of
+an earlier launch, e.g. on another number of ranks), "state" (record the gathered fp32 weights and Adam moments
+at the end), "expect_error" (the scenario fails: record its error)}.
 The rank layout comes from torchrun's environment variables.
 """
 
@@ -46,7 +48,8 @@ def run(scenario: dict[str, Any], rank: int, checkpoints: dict[str, str]) -> dic
         if rank == scenario.get("signal_rank"):
             trial.sigterm_after = scenario.get("sigterm_after")  # type: ignore[attr-defined]
         trainer = det_ds.Trainer(trial, context)
-        trainer.fit(latest_checkpoint=checkpoints.get(scenario.get("resume", "")), **FIT)
+        latest = scenario.get("resume_uuid") or checkpoints.get(scenario.get("resume", ""))
+        trainer.fit(latest_checkpoint=latest, **FIT)
         assert context._core is not None and trainer.exit_reason is not None
         stored = context._core.store.checkpoints(trial_id=context.get_trial_id())
         return {
@@ -54,6 +57,9 @@ def run(scenario: dict[str, Any], rank: int, checkpoints: dict[str, str]) -> dic
             "events": trial.events, "calls": trial.calls, "eval_calls": trial.eval_calls,
             "built_numel": getattr(trial, "built_numel", None), "zero_stage": trial.engine.zero_optimization_stage(), "global_steps": trial.engine.global_steps,
             "checkpoint": stored[-1].uuid if stored else None,
+            "loaded_state": getattr(trial, "loaded_state", None), "scheduler": T.scheduler_state(trial.engine),
+            "loaded_scheduler": getattr(trial, "loaded_scheduler", None),
+            "final_state": T.full_state(trial.engine) if scenario.get("state") else None,
             "checkpoint_steps": stored[-1].steps_completed if stored else None,
             "stage": trial.engine.grid.get_stage_id() if context.use_pipeline_parallel else None,
             "mpu": [context.mpu.data_parallel_rank, context.mpu.data_parallel_world_size,
@@ -66,7 +72,12 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     checkpoints: dict[str, str] = {}
     for scenario in plan["scenarios"]:
-        result = run(scenario, rank, checkpoints)
+        try:
+            result = run(scenario, rank, checkpoints)
+        except Exception as exc:  # a scenario that must fail (before any collective) records why
+            if not scenario.get("expect_error"):
+                raise
+            result = {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "checkpoint": None}
         checkpoints[scenario["name"]] = result["checkpoint"]
         Path(plan["out"], f"{scenario['name']}-rank{rank}.json").write_text(json.dumps(result))
 
