@@ -535,6 +535,6 @@ def test_a_mesh_fills_dp_shard_with_the_slots_left_and_its_product_must_be_the_s
         with pytest.raises(ConfigError) as err:
             mesh(slots, **sizes)
         assert "resources.mesh" in str(err.value) and said in str(err.value)
-        assert f"must equal slots_per_trial" in str(err.value) and f"slots_per_trial ({slots})" in str(err.value)
+        assert "must equal slots_per_trial" in str(err.value) and f"slots_per_trial ({slots})" in str(err.value)
     with pytest.raises(ConfigError, match="resources.mesh.tp"):
         mesh(2, tp=0)
