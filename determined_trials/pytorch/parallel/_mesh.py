@@ -72,13 +72,12 @@ def check_tp_divides(model: torch.nn.Module) -> None:
     """Raise when a parameter is sharded over the ``tp`` dimension unevenly: its sharded dimension does not
     divide by the ``tp`` size (the ranks would hold shards of different sizes, and resharding on resume
     would move records between them)."""
-    cls = _dtensor_class()
-    if cls is None:
+    if _dtensor_class() is None:
         return
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import DTensor, Shard  # imported already (the model holds DTensors)
 
     for name, param in model.named_parameters():
-        if not isinstance(param, cls):
+        if not isinstance(param, DTensor):
             continue
         mesh = param.device_mesh
         names = mesh.mesh_dim_names or ()
