@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _mse_trial import MSETrial
 from fsdp import BATCH, launch_ranks
 from torch import nn
 
@@ -59,7 +60,7 @@ def _data(width: int) -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(x, y)
 
 
-class _Trial(pytorch.PyTorchTrial):
+class _Trial(MSETrial):
     def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
         self.context = context
         hp = context.get_hparams()
@@ -74,17 +75,9 @@ class _Trial(pytorch.PyTorchTrial):
     def build_validation_data_loader(self) -> pytorch.DataLoader:
         return pytorch.DataLoader(torch.utils.data.Subset(self.data, range(2 * BATCH)), batch_size=BATCH)
 
-    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> dict[str, Any]:
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
         self.starts.append(time.perf_counter())
-        x, y = batch
-        loss = nn.functional.mse_loss(self.model(x), y)
-        self.context.backward(loss)
-        self.context.step_optimizer(self.optimizer)
-        return {"loss": loss}
-
-    def evaluate_batch(self, batch: Any) -> dict[str, Any]:
-        x, y = batch
-        return {"validation_loss": nn.functional.mse_loss(self.model(x), y)}
+        return super().train_batch(batch, epoch_idx, batch_idx)
 
 
 def _harness(args: argparse.Namespace, run_dir: Path) -> float:
