@@ -38,7 +38,7 @@ from torch import nn
 
 from determined_trials import pytorch
 
-__all__ = ["main"]
+__all__ = ["launch_ranks", "main"]
 
 BATCH = 8  # records per rank
 
@@ -137,6 +137,32 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def launch_ranks(script: Path, argv: list[str], timeout: float, device: str) -> Any:
+    """Run ``script argv --out FILE`` as 2 gloo/nccl rank processes on 127.0.0.1 (with a timeout); rank 0's
+    ``FILE`` (JSON), read back. Shared with benchmarks/hsdp.py."""
+    with tempfile.TemporaryDirectory(prefix="det-fsdp-bench-") as tmp:
+        out = Path(tmp, "result.json")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                   GROUP_RANK="0", GROUP_WORLD_SIZE="1", DET_JOB_ID=uuid.uuid4().hex, OMP_NUM_THREADS="1")
+        if device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        command = [sys.executable, str(script.resolve()), *argv, "--out", str(out)]
+        procs = [subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
+        try:
+            deadline = time.monotonic() + timeout
+            for proc in procs:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        if any(proc.returncode != 0 for proc in procs):
+            raise SystemExit(f"a rank failed: exit codes {[p.returncode for p in procs]}")
+        return json.loads(out.read_text())
+
+
 def main() -> None:
     """Start the 2 ranks, wait (with a timeout), print the medians."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -155,27 +181,7 @@ def main() -> None:
     if args.out:
         _rank_main(args)
         return
-    with tempfile.TemporaryDirectory(prefix="det-fsdp-bench-") as tmp:
-        out = Path(tmp, "result.json")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                   GROUP_RANK="0", GROUP_WORLD_SIZE="1", DET_JOB_ID=uuid.uuid4().hex, OMP_NUM_THREADS="1")
-        if args.device == "cpu":
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        command = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--out", str(out)]
-        procs = [subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
-        try:
-            deadline = time.monotonic() + args.timeout
-            for proc in procs:
-                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        if any(proc.returncode != 0 for proc in procs):
-            raise SystemExit(f"a rank failed: exit codes {[p.returncode for p in procs]}")
-        result = json.loads(out.read_text())
+    result = launch_ranks(Path(__file__), sys.argv[1:], args.timeout, args.device)
     med = {k: statistics.median(v) for k, v in result["rows"].items()}
     print(f"\n{result['params'] / 1e6:.1f}M parameters (AdamW: twice as much state), 2 processes on {args.device}, "
           f"checkpoint every {args.period} of {args.batches} batches, {args.rounds} rounds, medians:")

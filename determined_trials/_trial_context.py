@@ -77,6 +77,9 @@ class TrialContext:
     """False when the searcher was filled in for the user (by a family's ``init()``, or by ``core.init()``
     without a config or a launcher): its metric is then not enforced."""
 
+    _takes_mesh: bool = False
+    """Whether the family reads ``resources.mesh`` (PyTorchTrial); any other refuses a config that sets it."""
+
     def __init__(
         self,
         *,
@@ -125,6 +128,12 @@ class TrialContext:
             {name: int(value) for name, value in given.items() if value is not None},
         )
         self._core = core_context
+        if self._config.resources.mesh is not None and not self._takes_mesh:
+            raise ConfigError(
+                f"resources.mesh is set, but a {type(self).__name__} has no device mesh: the mesh is for a "
+                "PyTorchTrial (FSDP2, HSDP, tensor parallel). Fix: remove resources.mesh (DeepSpeed's layout is "
+                "its own config's; Keras's is its strategy)"
+            )
         self._initial_batch = trial.steps_completed if trial is not None else 0
         if identity.get("config") is None and core_context is not None and not core_context._config_written:
             self._searcher_metric_named = False  # core.init() made the config up: its searcher is not the user's
@@ -275,10 +284,13 @@ class TrialContext:
         return self._batch_sizes()[1]
 
     def _slot_count(self) -> int:
-        """The processes training together: the running job's size, else resources.slots_per_trial."""
+        """The data-parallel processes (each loads its own part of a batch): the running job's size, else
+        resources.slots_per_trial, divided by the mesh's tensor-parallel size (its ranks share a batch)."""
+        mesh = self._config.resources.mesh
+        tp = mesh.tp if mesh is not None else 1
         if self._distributed is not None and self._distributed.get_size() > 1:
-            return int(self._distributed.get_size())
-        return int(self._config.resources.slots_per_trial)
+            return int(self._distributed.get_size()) // tp
+        return int(self._config.resources.slots_per_trial) // tp
 
     def _batch_sizes(self) -> tuple[int, int]:
         slots = self._slot_count()

@@ -242,3 +242,17 @@ def test_a_contexts_trial_is_fixed_once(tmp_path: Any) -> None:
         with pytest.raises(RuntimeError, match="cannot be settled again"):
             core._settle(other, None)
         assert core.info.trial == trial and context.get_trial_id() == trial.trial_id
+
+
+def test_a_meshs_tensor_parallel_ranks_share_a_batch() -> None:
+    cfg = load_config({"searcher": CONFIG["searcher"], "resources": {"slots_per_trial": 4, "mesh": {"tp": 2}}})
+    ctx = TrialContext(config=cfg, hparams={"global_batch_size": 64}, trial_seed=1)
+    assert (ctx.get_global_batch_size(), ctx.get_per_slot_batch_size()) == (64, 32)  # 2 data-parallel ranks
+
+
+def test_a_mesh_is_refused_by_a_deepspeed_trial() -> None:
+    from determined_trials.pytorch.deepspeed import DeepSpeedTrialContext
+
+    conf = {**CONFIG, "resources": {"slots_per_trial": 2, "mesh": {"dp_replicate": 2}}}
+    with pytest.raises(ConfigError, match="resources.mesh is set, but a DeepSpeedTrialContext has no device mesh"):
+        DeepSpeedTrialContext.from_config(conf)

@@ -26,7 +26,7 @@ from determined_trials.config._hparams import (
     LogHP,
 )
 from determined_trials.config._load import MAX_DEPTH, MAX_NODES
-from determined_trials.config._schema import ExperimentConfig
+from determined_trials.config._schema import ExperimentConfig, Mesh
 from determined_trials.config._searcher import (
     AdaptiveASHASearcher,
     GridSearcher,
@@ -52,6 +52,8 @@ must be finite.
 """
 
 _SECTIONS: list[tuple[str, str, list[type[BaseModel]]]] = [
+    ("resources.mesh", "PyTorchTrial only (a DeepSpeed or Keras trial refuses it); the sizes multiply to "
+     "`slots_per_trial` ([fsdp.md](fsdp.md#hsdp-and-tensor-parallel-a-device-mesh)).", [Mesh]),
     ("searcher", "One of these, chosen by `name`.",
      [SingleSearcher, GridSearcher, RandomSearcher, AdaptiveASHASearcher, OptunaSearcher, PBTSearcher]),
     ("checkpoint_storage", "A path (`/data/ckpts`, `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix` "

@@ -17,6 +17,7 @@ from determined_trials.config._storage import StorageConfig
 __all__ = [
     "ConfigWarning",
     "ExperimentConfig",
+    "Mesh",
     "Optimizations",
     "Profiling",
     "Reproducibility",
@@ -64,6 +65,22 @@ class Optimizations(StrictModel):
         return drop_unused_keys(data, "optimizations", cls.model_fields, "optimizations ")
 
 
+class Mesh(StrictModel):
+    """A PyTorchTrial's device mesh: data-parallel replicas x shards x tensor-parallel ranks."""
+
+    dp_replicate: int = Field(default=1, ge=1, description="replicas of the sharded model (HSDP when > 1), e.g. `2`")
+    dp_shard: int | None = Field(
+        default=None, ge=1, description="ranks one replica is sharded over (FSDP2); default: the slots left, "
+                                        "`slots_per_trial / (dp_replicate * tp)`")
+    tp: int = Field(default=1, ge=1, description="tensor-parallel ranks (the trial's `parallelize_module` plan), "
+                                                 "e.g. `2`")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(dp_replicate, dp_shard, tp); ``dp_shard`` is resolved once the mesh is in ``Resources``."""
+        return self.dp_replicate, self.dp_shard or 1, self.tp
+
+
 class Resources(StrictModel):
     """How many slots (processes/GPUs) a trial uses; the rest is accepted for ported configs."""
 
@@ -82,11 +99,32 @@ class Resources(StrictModel):
     priority: int | None = Field(default=None, description="ignored locally")
     shm_size: Annotated[int | str | None, BeforeValidator(_shm_size)] = Field(
         default=None, description=f"a container's /dev/shm; {_IGNORED}")
+    mesh: Mesh | None = Field(
+        default=None, description="PyTorchTrial only: the device mesh `context.get_device_mesh()` returns, e.g. "
+                                  "`mesh: {dp_shard: 2, tp: 2}` with `slots_per_trial: 4`; the product of its sizes "
+                                  "is `slots_per_trial` (default: one `dp_shard` dimension over every slot)")
 
     @model_validator(mode="before")
     @classmethod
     def _cluster_only(cls, data: Any) -> Any:
         return drop_unused_keys(data, "resources", cls.model_fields, "resources ")
+
+    @model_validator(mode="after")
+    def _resolve_mesh(self) -> Resources:
+        mesh = self.mesh
+        if mesh is None:
+            return self
+        fixed = mesh.dp_replicate * mesh.tp
+        shard = mesh.dp_shard if mesh.dp_shard is not None else self.slots_per_trial // fixed
+        if shard < 1 or fixed * shard != self.slots_per_trial:
+            sizes = f"dp_replicate {mesh.dp_replicate} x dp_shard {mesh.dp_shard or '(the rest)'} x tp {mesh.tp}"
+            raise ConfigProblems.at(
+                ("mesh",), f"the mesh ({sizes}) does not make slots_per_trial ({self.slots_per_trial}) ranks: the "
+                "product of its sizes must equal slots_per_trial, e.g. "
+                "`slots_per_trial: 4, mesh: {dp_shard: 2, tp: 2}`")
+        if mesh.dp_shard is None:
+            object.__setattr__(self, "mesh", mesh.model_copy(update={"dp_shard": shard}))
+        return self
 
 
 class Reproducibility(StrictModel):

@@ -52,7 +52,7 @@ from determined_trials.pytorch.data import (
     wrap_raw_loader,
 )
 from determined_trials.pytorch.metrics import TrainingMetrics, ValidationMetrics
-from determined_trials.pytorch.parallel import check_model_mix, is_dcp_checkpoint, is_fsdp
+from determined_trials.pytorch.parallel import check_model_mix, has_dtensor_params, is_dcp_checkpoint, is_fsdp
 
 __all__ = ["PyTorchAdapter"]
 
@@ -82,7 +82,9 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
         self._host_buffers = HostBuffers()
         self._after_first_batch = self._prepare_host_buffers
         self._check_wrapped()
-        self._sharded = any(is_fsdp(m) for m in context.models)  # FSDP2: every rank saves its shard (save_mode)
+        # FSDP2 or a tensor-parallel plan (DTensors): every rank saves its shard (save_mode)
+        self._sharded = any(is_fsdp(m) or has_dtensor_params(m) for m in context.models)
+        self._layout = context._mesh_layout  # data over the data-parallel ranks; metrics from tp rank 0
         self._validation_checked = False
         self._positions = StreamPositions()  # a stream's per-rank positions, saved among the callbacks' state
         self._rank_rngs: list[Any] | None = None  # every rank's RNG states, gathered before each checkpoint
@@ -117,7 +119,7 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
 
     def start_training(self, clock: Clock) -> DataShape:
         loader = self._trial.build_training_data_loader()
-        size, rank = self._dist.get_size(), self._dist.get_rank()
+        size, rank = self._layout.dp_size, self._layout.dp_rank  # a tensor-parallel group reads one batch
         stream: TrainingBatches
         if isinstance(loader, DataLoader):
             stream = loader.build_training_stream(
@@ -136,7 +138,7 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
             self._positions.resume(stream, rank, size)
         else:
             self._hooks.callbacks.pop(STREAM_POSITIONS, None)
-        if self._sharded and size > 1:  # made once here, not in the first checkpoint's time
+        if self._sharded and self._dist.get_size() > 1:  # made once here, not in the first checkpoint's time
             from determined_trials.pytorch.checkpoint import checkpoint_group
 
             checkpoint_group()
@@ -164,8 +166,9 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
             return
         gathered = allgather(self._dist, (stream.state_dict() if stream is not None else None,
                                           capture_rng() if rngs else None))
-        if stream is not None:
-            self._positions.ranks = [position for position, _ in gathered]
+        if stream is not None:  # a data-parallel group's position once (its tp ranks read the same batches)
+            tp = self._layout.tp
+            self._positions.ranks = [position for i, (position, _) in enumerate(gathered) if i % tp == 0]
         self._rank_rngs = [rng for _, rng in gathered] if rngs else None
 
     def batch_metrics(self) -> list[dict[str, Any]]:
@@ -184,7 +187,8 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
                 self._train_metrics.reset()
                 return loss
         per_batch = None if kept is None else [{k: _to_python(v) for k, v in out.items()} for out in kept]
-        metrics, per_rank = reduce_across_ranks(self._dist, self._train_metrics, reducers, True, extra=per_batch)
+        metrics, per_rank = reduce_across_ranks(self._dist, self._train_metrics, reducers, True, extra=per_batch,
+                                                reports=self._layout.reports)
         if kept is not None:
             self._batch_metrics = _average_batches(per_rank)
             kept.clear()
@@ -303,7 +307,7 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
             if test_mode:
                 break
         self._hooks.call("on_validation_epoch_end", outputs)
-        return reduce_across_ranks(self._dist, metrics, reducers, False)[0]
+        return reduce_across_ranks(self._dist, metrics, reducers, False, reports=self._layout.reports)[0]
 
     def _check_even_validation(self, loader: Any) -> None:
         """FSDP2: every forward is a collective, so every rank must evaluate as many batches."""
@@ -337,7 +341,7 @@ class PyTorchAdapter(BatchLoop, TrialAdapter):
         if self._validation_loader is None:
             loader: Any = self._trial.build_validation_data_loader()
             if isinstance(loader, DataLoader):
-                rank, size = (self._dist.get_rank(), self._dist.get_size()) if sharded else (0, 1)
+                rank, size = (self._layout.dp_rank, self._layout.dp_size) if sharded else (0, 1)
                 seed = self._context.get_trial_seed()
                 loader = loader.build_validation_loader(rank=rank, num_replicas=size, seed=seed)
             else:

@@ -24,8 +24,12 @@ from determined_trials.pytorch.device import (
 from determined_trials.pytorch.optim import LRScheduler, check_params_wrapped
 from determined_trials.pytorch.optim import step_optimizer as run_optimizer_step
 from determined_trials.pytorch.parallel import (
+    MeshLayout,
+    build_device_mesh,
     check_fsdp_model,
     check_model_mix,
+    check_tp_divides,
+    has_dtensor_params,
     plain_module,
     set_fsdp_grad_sync,
     set_grad_sync,
@@ -37,7 +41,7 @@ from determined_trials.pytorch.parallel import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from determined_trials.core import Context
+    from determined_trials.core import Context, DistributedContext
 
 __all__ = ["PyTorchTrialContext"]
 
@@ -54,6 +58,8 @@ class PyTorchTrialContext(TrialContext, TrialServices):
     debugging) the job has one process and TensorBoard files go to a temporary folder.
     """
 
+    _takes_mesh = True
+
     def __init__(
         self,
         *,
@@ -69,6 +75,8 @@ class PyTorchTrialContext(TrialContext, TrialServices):
         dist = self.distributed
         chosen = torch.device(device) if device is not None else default_device(dist.get_local_rank(), dist.get_size())
         self._init_services(core_context, enable_tensorboard_logging, chosen)
+        self._mesh_layout = _mesh_layout(self.config, dist)
+        self._device_mesh: Any = None
         self.models: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_schedulers: list[LRScheduler] = []
@@ -94,6 +102,9 @@ class PyTorchTrialContext(TrialContext, TrialServices):
         if any(model is m or model is unwrap(m) for m in self.models):
             raise ValueError("this model is already wrapped; call wrap_model once per model")
         fsdp = check_fsdp_model(model)
+        if has_dtensor_params(model):  # a tensor-parallel plan (with or without fully_shard): no DDP
+            self._check_tensor_parallel(model, fsdp)
+            fsdp = True
         check_model_mix([*self.models, model], self.distributed.get_size())
         if not fsdp:  # an FSDP2 model stays where fully_shard put its shards
             model = model.to(self._device)
@@ -112,6 +123,32 @@ class PyTorchTrialContext(TrialContext, TrialServices):
             wrapped = wrap_ddp(model, self._device)
         self.models.append(wrapped)
         return wrapped  # type: ignore[return-value]  # a DDPModel that forwards to the model
+
+    def get_device_mesh(self) -> Any:
+        """The job's ``torch.distributed.device_mesh.DeviceMesh`` (made once), dimensions ``dp_replicate``,
+        ``dp_shard`` and ``tp`` with the sizes of ``resources.mesh`` (default: ``dp_shard`` over every process;
+        size 1 allowed). Shard with ``fully_shard(model, mesh=mesh["dp_shard"])`` (HSDP:
+        ``mesh["dp_replicate", "dp_shard"]``) after ``parallelize_module(model, mesh["tp"], plan)``."""
+        if self._device_mesh is None:
+            if not torch_distributed_ready():
+                raise RuntimeError(
+                    "get_device_mesh needs torch.distributed, which is not initialised in this process. Fix: "
+                    "launch with `python -m determined_trials.launch.torch_distributed` (or build the model "
+                    "unsharded when torch.distributed.is_initialized() is False, e.g. in one process)"
+                )
+            self._device_mesh = build_device_mesh(self._mesh_layout, self._device)
+        return self._device_mesh
+
+    def _check_tensor_parallel(self, model: torch.nn.Module, fsdp: bool) -> None:
+        """A model with DTensor parameters: ``tp`` divides what the plan shards, and several data-parallel
+        ranks need ``fully_shard`` (nothing else synchronises their gradients)."""
+        check_tp_divides(model)
+        if not fsdp and self._mesh_layout.dp_size > 1:
+            raise TypeError(
+                f"wrap_model got a tensor-parallel model (DTensor parameters) without fully_shard, on "
+                f"{self._mesh_layout.dp_size} data-parallel ranks: their gradients would not be synchronised. "
+                'Fix: fully_shard(model, mesh=context.get_device_mesh()["dp_shard"]) after parallelize_module'
+            )
 
     def wrap_optimizer(
         self,
@@ -295,6 +332,22 @@ class PyTorchTrialContext(TrialContext, TrialServices):
     def _inner_models(self) -> list[torch.nn.Module]:
         """The user's modules (DDP and torch.compile wrappers removed), e.g. for state dicts with plain keys."""
         return [plain_module(model) for model in self.models]
+
+
+def _mesh_layout(config: ExperimentConfig, dist: DistributedContext) -> MeshLayout:
+    """This process's place in ``resources.mesh`` (default: one ``dp_shard`` dimension over every process); one
+    process is a mesh of one. Raises when a job of several processes is not the mesh's size."""
+    size, rank, mesh = dist.get_size(), dist.get_rank(), config.resources.mesh
+    if mesh is None or size == 1:
+        return MeshLayout(1, size, 1, rank)
+    replicate, shard, tp = mesh.shape
+    if replicate * shard * tp != size:
+        raise ConfigError(
+            f"resources.mesh (dp_replicate {replicate} x dp_shard {shard} x tp {tp}) has {replicate * shard * tp} "
+            f"ranks but this job has {size} processes. Fix: launch slots_per_trial = {replicate * shard * tp} "
+            "processes, or change the mesh"
+        )
+    return MeshLayout(replicate, shard, tp, rank)
 
 
 def _resolve_aggregation(argument: int, config: ExperimentConfig) -> int:

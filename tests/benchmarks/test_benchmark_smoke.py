@@ -70,6 +70,16 @@ def test_fsdp_benchmark_quick_run_prints_its_ratios() -> None:
     assert re.search(r"FSDP2 / DDP \(median of per-round ratios\): \d+\.\d+$", proc.stdout, re.MULTILINE), proc.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(QUICK_S + 60)
+def test_hsdp_benchmark_quick_run_prints_its_ratio() -> None:
+    proc = run_in_group([sys.executable, str(REPO / "benchmarks" / "hsdp.py"), "--quick", "--timeout", str(QUICK_S)],
+                        timeout=QUICK_S, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert re.search(r"Trainer.fit / raw \(median of per-round ratios\): \d+\.\d+$", proc.stdout,
+                     re.MULTILINE), proc.stdout
+
+
 
 @pytest.mark.timeout(300)
 def test_ui_latency_benchmark_quick_run_prints_its_figures() -> None:

@@ -521,3 +521,20 @@ def test_grid_needs_count_naming_every_hparam() -> None:
     message = str(info.value)
     assert "hyperparameters.a.count" in message and "hyperparameters.g.b.count" in message
     assert "'g.b'" in message and "count: 4" in message
+
+
+def test_a_mesh_fills_dp_shard_with_the_slots_left_and_its_product_must_be_the_slots() -> None:
+    def mesh(slots: int, **sizes: int) -> Any:
+        return load_config({"searcher": SINGLE, "resources": {"slots_per_trial": slots, "mesh": sizes}}).resources.mesh
+
+    assert load_config({"searcher": SINGLE, "resources": {"slots_per_trial": 4}}).resources.mesh is None
+    assert mesh(4, tp=2).shape == (1, 2, 2) and mesh(4).shape == (1, 4, 1)
+    assert mesh(8, dp_replicate=2, tp=2).shape == (2, 2, 2) and mesh(2, dp_replicate=2).shape == (2, 1, 1)
+    for slots, sizes, said in ((4, {"dp_shard": 3, "tp": 2}, "dp_shard 3"), (4, {"tp": 3}, "dp_shard (the rest)"),
+                               (2, {"dp_replicate": 2, "tp": 2}, "tp 2")):
+        with pytest.raises(ConfigError) as err:
+            mesh(slots, **sizes)
+        assert "resources.mesh" in str(err.value) and said in str(err.value)
+        assert "must equal slots_per_trial" in str(err.value) and f"slots_per_trial ({slots})" in str(err.value)
+    with pytest.raises(ConfigError, match="resources.mesh.tp"):
+        mesh(2, tp=0)

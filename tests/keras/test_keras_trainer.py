@@ -429,3 +429,9 @@ def test_keras_training_arrays_smaller_than_one_batch_warn() -> None:
         "the training data of build_training_data_loader() has 3 records, fewer than one batch (4 per rank x 1 "
         "rank(s) = 4): every step trains on the same 3 records, a short batch; use a smaller global_batch_size "
         "or more data"]
+
+
+def test_a_mesh_is_refused_by_a_keras_trial() -> None:
+    conf = {"hyperparameters": {"global_batch_size": 16}, "resources": {"slots_per_trial": 2, "mesh": {"tp": 2}}}
+    with pytest.raises(ConfigError, match="resources.mesh is set, but a TFKerasTrialContext has no device mesh"):
+        det_keras.TFKerasTrialContext.from_config(conf)

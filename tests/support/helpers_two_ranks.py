@@ -31,19 +31,20 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def ranks(worker: Path, tmp: Path, scenarios: list[dict[str, Any]], **env: str) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Start 2 ``worker`` processes on the plan of ``scenarios``; kill whatever is left on the way out."""
+def ranks(worker: Path, tmp: Path, scenarios: list[dict[str, Any]], world: int = 2,
+          **env: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start ``world`` (2) ``worker`` processes on the plan of ``scenarios``; kill whatever is left on the way out."""
     plan = tmp / "plan.json"
     plan.write_text(json.dumps({"out": str(tmp), "scenarios": scenarios}))
     base = {
-        **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
-        "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "DET_JOB_ID": uuid.uuid4().hex,
+        **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "DET_JOB_ID": uuid.uuid4().hex,
         "DET_RUN_DIR": str(tmp / "run"), "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(SUPPORT), os.environ.get("PYTHONPATH", "")]), **env,
     }
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for rank in range(2):
+        for rank in range(world):
             with open(tmp / f"rank{rank}.log", "wb") as out:
                 procs.append(subprocess.Popen(
                     [sys.executable, str(worker), str(plan)], env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
@@ -63,14 +64,14 @@ def log(tmp: Path, rank: int) -> str:
     return (tmp / f"rank{rank}.log").read_text(errors="replace")
 
 
-def launch(worker: Path, tmp: Path, scenarios: list[dict[str, Any]], timeout_s: float) -> Results:
-    """Run the scenarios on 2 ranks; both must exit 0 within ``timeout_s``."""
-    with ranks(worker, tmp, scenarios) as procs:
+def launch(worker: Path, tmp: Path, scenarios: list[dict[str, Any]], timeout_s: float, world: int = 2) -> Results:
+    """Run the scenarios on ``world`` (2) ranks; every one must exit 0 within ``timeout_s``."""
+    with ranks(worker, tmp, scenarios, world) as procs:
         for rank, proc in enumerate(procs):
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 pytest.fail(f"rank {rank} did not finish in {timeout_s:g} s:\n{log(tmp, rank)[-4000:]}")
             assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{log(tmp, rank)[-4000:]}"
-    return {s["name"]: [json.loads((tmp / f"{s['name']}-rank{r}.json").read_text()) for r in range(2)]
+    return {s["name"]: [json.loads((tmp / f"{s['name']}-rank{r}.json").read_text()) for r in range(world)]
             for s in scenarios}

@@ -15,8 +15,11 @@ TRAIN_RECORDS = 48  # global batch 8: 6 batches an epoch; a double batch (16): 3
 LENGTH = 12
 
 
-def config(aggregation: int = 1, global_batch: int = 8, length: int = LENGTH, **hparams: Any) -> dict[str, Any]:
+def config(aggregation: int = 1, global_batch: int = 8, length: int = LENGTH, slots: int = 1,
+           mesh: dict[str, int] | None = None, **hparams: Any) -> dict[str, Any]:
+    """``slots`` and ``mesh``: ``resources.slots_per_trial`` and ``resources.mesh`` (tests/pytorch/test_mesh.py)."""
     return {
+        "resources": {"slots_per_trial": slots, **({"mesh": mesh} if mesh else {})},
         "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": length}},
         "hyperparameters": {"global_batch_size": global_batch, "lr": 0.01, **hparams},
         "reproducibility": {"experiment_seed": 4321},
@@ -72,7 +75,7 @@ class FSDPTrial(pytorch.PyTorchTrial):
         self.seen: list[tuple[int, list[int]]] = []
         self.loaded: dict[str, Any] | None = None
         shard = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self.model = context.wrap_model(build_model(shard, bool(context.get_hparams().get("mixed_precision"))))
+        self.model = context.wrap_model(self.build(shard))
         self.optimizer = context.wrap_optimizer(torch.optim.AdamW(self.model.parameters(), lr=context.get_hparam("lr")))
         if context.get_hparams().get("scheduler", True):
             context.wrap_lr_scheduler(torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=3, gamma=0.7),
@@ -82,6 +85,10 @@ class FSDPTrial(pytorch.PyTorchTrial):
         self.norms: list[float] = []
         self.records = context.wrap_reducer(_sorted_records, name="records_trained", for_validation=False)
         self.syncs: list[bool | None] = []  # per batch: FSDP2's reduce_grads flag of the first block (None unsharded)
+
+    def build(self, shard: bool) -> nn.Module:
+        """The model to wrap (``shard``: torch.distributed is initialised)."""
+        return build_model(shard, bool(self.context.get_hparams().get("mixed_precision")))
 
     def build_training_data_loader(self) -> pytorch.DataLoader:
         return pytorch.DataLoader(IndexedData(TRAIN_RECORDS, 7), batch_size=self.context.get_per_slot_batch_size(),

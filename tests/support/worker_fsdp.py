@@ -3,7 +3,7 @@
 
 Usage: worker_fsdp.py PLAN_JSON. A scenario: {"name", "run_dir", "config" (kwargs of config()), "length",
 "stop_after" (rank 0 only), "latest_checkpoint" ("newest": the run folder's newest, whichever trial's), "storage"
-(a checkpoint_storage mapping)}. The rank layout comes from torchrun's variables.
+(a checkpoint_storage mapping), "mesh": true (MeshTrial, tests/pytorch/test_mesh.py)}. The rank layout comes from torchrun's variables.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trials_fsdp import FSDPTrial, config, fit_kwargs, full_state
+from trials_mesh import MeshTrial, mesh_errors
 
 from determined_trials import core, pytorch
 from determined_trials.pytorch.parallel._fsdp import is_fsdp
@@ -48,7 +49,8 @@ def run(scenario: dict[str, Any], rank: int) -> dict[str, Any]:
     if latest == "newest":  # another trial's checkpoint (a PBT child's start)
         latest = core.LocalStore(scenario["run_dir"]).checkpoints()[-1].uuid
     with pytorch.init(exp_conf=conf, run_dir=scenario["run_dir"]) as context:
-        trial = FSDPTrial(context, stop_after=scenario.get("stop_after") if rank == 0 else None)
+        trial_class = MeshTrial if scenario.get("mesh") else FSDPTrial
+        trial = trial_class(context, stop_after=scenario.get("stop_after") if rank == 0 else None)
         trainer = pytorch.Trainer(trial, context)
         trainer.fit(latest_checkpoint=latest, **fit_kwargs(length))
         assert trainer.exit_reason is not None
@@ -134,6 +136,8 @@ def main() -> None:
     for scenario in plan["scenarios"]:
         if scenario.get("errors"):
             result = errors()
+        elif scenario.get("mesh_errors"):
+            result = mesh_errors(rank)
         elif scenario.get("prepare_fails"):
             result = prepare_fails(scenario, rank)
         else:

@@ -95,6 +95,7 @@ def _rank_state(context: PyTorchTrialContext, hooks: HookRunner) -> dict[str, An
     return {
         "world_size": world,
         "rank": rank,
+        "mesh": list(context._mesh_layout.shape),  # the pending gradients' layout (1-D: [1, world, 1])
         "lr_schedulers_state_dict": [s.state_dict() for s in context.lr_schedulers],
         "scalers_state_dict": [s.state_dict() for s in context.scalers],
         "callbacks": hooks.state_dict(),
@@ -206,14 +207,15 @@ def load_sharded_state(path: Path, context: PyTorchTrialContext, hooks: HookRunn
         reapply_optimizer_settings(context.optimizers, context.lr_schedulers, built)
     _load_list("scaler", small["scalers_state_dict"], context.scalers, path)
     hooks.load_state_dict(small.get("callbacks", {}))
-    same_layout = small["world_size"] == world and small["rank"] == rank
+    mesh = list(context._mesh_layout.shape)
+    same_layout = small["world_size"] == world and small["rank"] == rank and small.get("mesh", mesh) == mesh
     pending = small.get("pending_gradients") or []
     if pending and not same_layout:
         raise RuntimeError(
             f"checkpoint {path} was written between two optimizer steps of gradient aggregation by "
             f"{small['world_size']} processes; its accumulated gradients are per process and cannot be "
-            f"resharded to {world}. Resume it on {small['world_size']} processes (or from a checkpoint taken "
-            "on an optimizer step)"
+            f"resharded to {world} (mesh {small.get('mesh')} -> {mesh}). Resume it on the same processes and mesh "
+            "(or from a checkpoint taken on an optimizer step)"
         )
     restore_fsdp_grads(pending, context)
     if same_layout:

@@ -1,0 +1,165 @@
+"""The 2x1 HSDP mesh (``resources.mesh: {dp_replicate: 2}``) under ``Trainer.fit`` on 2 processes against a raw
+FSDP2 loop on the same mesh, model, optimizer and batches: seconds per batch.
+
+Usage: python benchmarks/hsdp.py [--rounds 7] [--batches 40] [--width 768] [--depth 4] [--quick]
+
+Two gloo rank processes run the rounds. Each round, in an order that alternates between rounds, times (1)
+``Trainer.fit`` of a trial that shards the model with ``fully_shard(mesh=mesh["dp_replicate", "dp_shard"])``
+on ``context.get_device_mesh()`` (no checkpoints, a report every 20 batches) and (2) a raw loop: the same
+model sharded the same way on ``init_device_mesh``, a ``DistributedSampler`` loader, forward, backward,
+``step``, ``zero_grad``. Both time the batches from the start of batch ``WARM`` to the start of the last one
+(the harness's reports in between count; its start and its end-of-fit validation do not). Times are rank 0's;
+the ratio is the median of per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from _mse_trial import MSETrial
+from fsdp import BATCH, launch_ranks
+from torch import nn
+
+from determined_trials import pytorch
+
+__all__ = ["main"]
+
+REPORT = 20  # batches between the harness's metric reports
+WARM = 2  # batches before the timed span (the first allocates the optimizer state)
+
+
+def _per_batch(starts: list[float]) -> float:
+    """Seconds per batch from the start of batch WARM to the start of the last one."""
+    return (starts[-1] - starts[WARM]) / (len(starts) - 1 - WARM)
+
+
+def _model(width: int, depth: int, mesh: Any) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, 2 * width), nn.Tanh(), nn.Linear(2 * width, width))
+                            for _ in range(depth)])
+    dp = mesh["dp_replicate", "dp_shard"]
+    for block in model:
+        fully_shard(block, mesh=dp)
+    fully_shard(model, mesh=dp)
+    return model
+
+
+def _data(width: int) -> torch.utils.data.TensorDataset:
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(512, width, generator=gen), torch.randn(512, width, generator=gen)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+class _Trial(MSETrial):
+    def __init__(self, context: pytorch.PyTorchTrialContext) -> None:
+        self.context = context
+        hp = context.get_hparams()
+        self.model = context.wrap_model(_model(hp["width"], hp["depth"], context.get_device_mesh()))
+        self.optimizer = context.wrap_optimizer(torch.optim.AdamW(self.model.parameters(), lr=1e-4))
+        self.data = _data(hp["width"])
+        self.starts: list[float] = []
+
+    def build_training_data_loader(self) -> pytorch.DataLoader:
+        return pytorch.DataLoader(self.data, batch_size=BATCH, shuffle=True)
+
+    def build_validation_data_loader(self) -> pytorch.DataLoader:
+        return pytorch.DataLoader(torch.utils.data.Subset(self.data, range(2 * BATCH)), batch_size=BATCH)
+
+    def train_batch(self, batch: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
+        self.starts.append(time.perf_counter())
+        return super().train_batch(batch, epoch_idx, batch_idx)
+
+
+def _harness(args: argparse.Namespace, run_dir: Path) -> float:
+    hparams = {"global_batch_size": 2 * BATCH, "width": args.width, "depth": args.depth}
+    config = {"hyperparameters": hparams, "reproducibility": {"experiment_seed": 1},
+              "resources": {"slots_per_trial": 2, "mesh": {"dp_replicate": 2}},
+              "searcher": {"name": "single", "metric": "validation_loss", "max_length": {"batches": args.batches}}}
+    with pytorch.init(exp_conf=config, run_dir=str(run_dir), enable_tensorboard_logging=False) as context:
+        trial = _Trial(context)
+        pytorch.Trainer(trial, context).fit(
+            max_length=pytorch.Batch(args.batches), reporting_period=pytorch.Batch(REPORT),
+            checkpoint_period=pytorch.Batch(10**9), checkpoint_policy="none", show_progress=False)
+        return _per_batch(trial.starts)
+
+
+def _raw(args: argparse.Namespace, mesh: Any) -> float:
+    model = _model(args.width, args.depth, mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data = _data(args.width)
+    starts: list[float] = []
+    sampler = torch.utils.data.DistributedSampler(data, seed=1)
+    loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=sampler)
+    done, epoch = 0, 0
+    while done < args.batches:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            starts.append(time.perf_counter())
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            done += 1
+            if done == args.batches:
+                break
+        epoch += 1
+    return _per_batch(starts)
+
+
+def _rank_main(args: argparse.Namespace) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    rank = int(os.environ["RANK"])
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (2, 1, 1), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    rows: dict[str, list[float]] = {"harness": [], "raw": [], "ratio": []}
+    for rnd in range(args.rounds):
+        step: dict[str, float] = {}
+        for kind in (("harness", "raw") if rnd % 2 == 0 else ("raw", "harness")):
+            step[kind] = _harness(args, Path(args.out).parent / "runs" / f"round-{rnd}") if kind == "harness" \
+                else _raw(args, mesh)
+        for key, value in (*step.items(), ("ratio", step["harness"] / step["raw"])):
+            rows[key].append(value)
+        if rank == 0:
+            print(f"round {rnd + 1}/{args.rounds}: Trainer.fit {step['harness'] * 1e3:.1f} ms/batch, raw loop "
+                  f"{step['raw'] * 1e3:.1f} ms/batch", flush=True)
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(rows))
+
+
+def main() -> None:
+    """Start the 2 ranks, wait, print the medians."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--width", type=int, default=768)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 8 batches of a small model")
+    parser.add_argument("--out", help=argparse.SUPPRESS)  # set for the rank processes
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.batches, args.width, args.depth = 2, 8, 64, 2
+    if args.out:
+        _rank_main(args)
+        return
+    rows = launch_ranks(Path(__file__), sys.argv[1:], args.timeout, "cpu")
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    print(f"\n2x1 HSDP mesh, 2 processes on cpu, {args.batches} batches of {2 * BATCH}, {args.rounds} rounds, medians: "
+          f"Trainer.fit {med['harness'] * 1e3:.1f} ms/batch, raw FSDP2 loop {med['raw'] * 1e3:.1f} ms/batch; "
+          f"Trainer.fit / raw (median of per-round ratios): {med['ratio']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
