@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
 
 from support.helpers_browser import chromium  # noqa: E402
+from support.helpers_load import load_factor  # noqa: E402
 from support.helpers_ui import login_url, make_big_store, running_ui  # noqa: E402
 
 from determined_trials.ui import UiSettings, create_app  # noqa: E402
@@ -60,8 +61,9 @@ def test_every_api_call_answers_within_a_second(big_run: Path) -> None:
             assert response.status_code == 200, (path, response.text)
         timings[path] = (min(runs), max(runs))
     print("\n" + "\n".join(f"{lo * 1000:7.0f} ms (worst {hi * 1000:5.0f})  {p}" for p, (lo, hi) in timings.items()))
-    slow = {p: round(lo, 2) for p, (lo, _) in timings.items() if lo > API_LIMIT_S}
-    assert not slow, f"API calls slower than {API_LIMIT_S} s: {slow}"
+    limit = API_LIMIT_S * load_factor()  # 1 s on a machine whose cores are not taken by other work
+    slow = {p: round(lo, 2) for p, (lo, _) in timings.items() if lo > limit}
+    assert not slow, f"API calls slower than {limit:.2f} s: {slow}"
     curves = client.get(CALLS[3]).json()["trials"]
     assert len(curves) == TRIALS and all(len(c["steps"]) <= 200 for c in curves.values())
 
