@@ -36,8 +36,8 @@ applies it, only ``metrics``/``metric_groups`` with ``include_superseded`` leave
 _MINE = f"grp = ?1 AND trial_id = s.tid AND {_CURRENT}"
 _SAMPLED_IDS = (
     "WITH RECURSIVE k(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM k WHERE i + 1 < ?4), "
-    "s(tid, n, lo, hi) AS (SELECT s.tid, (SELECT COUNT(*) FROM (SELECT 1 FROM metrics WHERE grp = ?1 AND trial_id = s.tid "
-    "LIMIT ?4 + 1)), "
+    "s(tid, n, lo, hi) AS (SELECT s.tid, "
+    "(SELECT COUNT(*) FROM (SELECT 1 FROM metrics WHERE grp = ?1 AND trial_id = s.tid LIMIT ?4 + 1)), "
     f"(SELECT MIN(id) FROM metrics WHERE {_MINE}), (SELECT MAX(id) FROM metrics WHERE {_MINE}) "
     "FROM (SELECT id AS tid FROM trials WHERE experiment_id = ?2) AS s) "
     f"SELECT (SELECT id FROM metrics WHERE {_MINE} AND id >= s.lo + (s.hi - s.lo) * k.i / (?4 - 1) "
