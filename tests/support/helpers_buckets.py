@@ -107,12 +107,14 @@ def gcs_emulator(script: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def azurite(binary: str) -> Iterator[str]:
-    """Azurite's blob service on a free port, data in a temporary folder; yields its connection string."""
+def azurite(binary: str, *, skip_api_version_check: bool = True) -> Iterator[str]:
+    """Azurite's blob service on a free port, data in a temporary folder; yields its connection string.
+    Without ``skip_api_version_check`` it refuses an SDK newer than itself, as a user's plain start does."""
     port = free_port()
+    flags = ["--skipApiVersionCheck"] if skip_api_version_check else []
     with tempfile.TemporaryDirectory(prefix="det-azurite-") as location, _serving(
         [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", location, "--silent",
-         "--skipApiVersionCheck"], port):
+         *flags], port):
         yield azure_connection_string(port)
 
 
