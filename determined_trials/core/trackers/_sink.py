@@ -79,12 +79,17 @@ class Sink(Protocol):
         """End this process's use of the run with the status ``outcome`` stands for."""
 
 
+_COUNTERS = frozenset({"batches", "epochs"})
+"""The loop's counters in every report: the step already is the batch count, so trackers do not plot them."""
+
+
 def step_values(rows: Iterable[MetricRecord]) -> list[tuple[int, float, dict[str, float]]]:
-    """(steps, report time, {"<group>/<name>": number}) per row, numbers only (lists, strings and bools are left)."""
+    """(steps, report time, {"<group>/<name>": number}) per row, numbers only (lists, strings and bools are left),
+    without the loop's ``batches``/``epochs`` counters."""
     out = []
     for row in rows:
         values = {f"{row.group}/{key}": float(value) for key, value in row.metrics.items()
-                  if isinstance(value, (int, float)) and not isinstance(value, bool)}
+                  if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in _COUNTERS}
         if values:
             out.append((row.steps_completed, row.reported_time.timestamp(), values))
     return out

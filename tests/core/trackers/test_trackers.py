@@ -147,7 +147,11 @@ def test_trainer_fit_logs_to_the_default_local_store(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
     run_id = store.tracker_run(1, "mlflow")["run_id"]
-    assert _run(uri, run_id).info.status == "FINISHED"
+    run = _run(uri, run_id)
+    assert run.info.status == "FINISHED"
+    assert "training/loss" in run.data.metrics and not [  # the loop's counters: the step is the batch count
+        key for key in run.data.metrics if key.endswith(("/batches", "/epochs"))], run.data.metrics
+    assert store.metrics(1, "training")[0].metrics["batches"] == 2  # still in the store's reports
     for group, key in (("training", "loss"), ("validation", "validation_loss")):
         rows = [(m.steps_completed, float(m.metrics[key])) for m in store.metrics(1, group)]
         assert len(rows) == (4 if group == "training" else 2)
