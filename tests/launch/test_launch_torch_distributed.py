@@ -49,6 +49,7 @@ def test_two_workers_train_and_match_one_process(
     assert two.finish()[0] == 0, two.output
     assert two.batches() == {0: list(range(8)), 1: list(range(8))}
     assert "[rank=0] [validation] batch 8" in two.output
+    assert "Setting OMP_NUM_THREADS" not in two.output  # torchrun's banner: its default is set for it
     assert_nothing_left(two, tmp_path)
 
     # one slot: no torchrun; the same global batch gives the same validation losses
