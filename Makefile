@@ -15,7 +15,8 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(BIN)/pip install -c constraints.txt -e '.[pytorch,deepspeed,ray,examples,ui,dev,mlflow,wandb,gcs,azure,optuna,streaming]' 'tensorflow-cpu>=2.16'
 	touch $(STAMP)
 
-# What `make example` needs (the [example] extra: PyTorch, scikit-learn); a full venv already has it.
+# What `make example` (and example-trainer, example-core) needs: the [example] extra (PyTorch, scikit-learn);
+# a full venv already has it.
 EXAMPLE_STAMP := $(VENV)/.installed-example
 EXAMPLE_VENV := $(if $(wildcard $(STAMP)),$(STAMP),$(EXAMPLE_STAMP))
 
@@ -46,13 +47,13 @@ example: $(EXAMPLE_VENV)
 	$(BIN)/det-trials --run-dir $(EXAMPLE_RUN_DIR) checkpoint list
 
 # The same trial trained once with Trainer.fit in a plain script.
-example-trainer: venv
+example-trainer: $(EXAMPLE_VENV)
 	rm -rf $(TRAINER_EXAMPLE_RUN_DIR)
 	$(BIN)/python examples/digits_pytorch/train.py --run-dir $(TRAINER_EXAMPLE_RUN_DIR)
 	$(BIN)/det-trials --run-dir $(TRAINER_EXAMPLE_RUN_DIR) trial metrics 1 --group validation
 
 # The Core API example: a plain PyTorch script, preempted after 3 epochs and resumed.
-example-core: venv
+example-core: $(EXAMPLE_VENV)
 	rm -rf $(CORE_EXAMPLE_RUN_DIR)
 	$(BIN)/python examples/core_api_digits/train.py --run-dir $(CORE_EXAMPLE_RUN_DIR) --preempt-after-epochs 3
 	$(BIN)/python examples/core_api_digits/train.py --run-dir $(CORE_EXAMPLE_RUN_DIR) --resume latest
