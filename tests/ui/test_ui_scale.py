@@ -1,6 +1,7 @@
 """The dashboard at scale: one experiment of 200 trials × 5,000 metric rows each (4,500 training, 500
 validation), written with the store API. Every API call answers within 1 s, and a browser draws the
-experiment page (200 trials in the table, 200 learning curves, the hyperparameter plots) within 3 s."""
+experiment page (200 trials in the table, 200 learning curves, the hyperparameter plots) within 3 s; on a
+loaded machine both limits grow with its load (``load_factor``)."""
 
 from __future__ import annotations
 
@@ -83,4 +84,5 @@ def test_the_experiment_page_is_drawn_within_three_seconds(big_run: Path) -> Non
             drawn.append(time.perf_counter() - start)
             page.goto(base + "/")
         print(f"\nexperiment page with {TRIALS} trials drawn in {min(drawn):.2f} s (worst {max(drawn):.2f} s)")
-        assert min(drawn) <= PAGE_LIMIT_S, f"the experiment page took {min(drawn):.2f} s"
+        limit = PAGE_LIMIT_S * load_factor()  # 3 s on a machine whose cores are not taken by other work
+        assert min(drawn) <= limit, f"the experiment page took {min(drawn):.2f} s (limit {limit:.2f} s)"
