@@ -9,7 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.helpers_buckets import azure_server_fixture, azurite, azurite_path, bucket_spec  # noqa: F401
+from support.helpers_buckets import (  # noqa: F401 (the azure_server fixture)
+    azure_server_fixture,
+    azurite,
+    azurite_path,
+    bucket_spec,
+    missing_server,
+)
 
 from determined_trials.core.storage import StorageError, storage_from_spec
 
@@ -50,7 +56,8 @@ def test_an_azurite_refusing_the_api_version_is_one_line_saying_what_to_do(tmp_p
     pytest.importorskip("azure.storage.blob")
     binary = azurite_path()
     if binary is None:
-        pytest.skip("Azurite is not installed: run `make azurite`")
+        missing_server("Azurite is not installed: run `make azurite`")
+        return
     with azurite(binary, skip_api_version_check=False) as connection_string:
         storage = storage_from_spec({"type": "azure", "container": "checkpoints",
                                      "connection_string": connection_string}, default_dir=tmp_path)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.helpers_buckets import azurite_path, free_port, gcs_emulator_path
+from support.helpers_buckets import azurite_path, free_port, gcs_emulator_path, missing_server
 from support.helpers_load import load_factor
 from support.helpers_paths import REPO
 
@@ -73,11 +73,12 @@ def test_every_recipe_block_is_on_the_page() -> None:
     assert "--skipApiVersionCheck" in recipes()["azure-server"]
 
 
+@pytest.mark.slow  # a server's start and two Python processes: 10-25 s on a loaded machine
 @pytest.mark.parametrize("kind", ["azure", "gcs"])
 def test_the_documented_recipe_runs_as_written(kind: str, tmp_path: Path) -> None:
     pytest.importorskip("azure.storage.blob" if kind == "azure" else "google.cloud.storage")
     if (azurite_path() if kind == "azure" else gcs_emulator_path()) is None:
-        pytest.skip(f"{kind}'s emulator is not installed (make azurite / make venv)")
+        missing_server(f"{kind}'s emulator is not installed (make azurite / make venv)")
     blocks, port = recipes(), free_port()
     server = "\n".join(line for line in blocks[f"{kind}-server"].splitlines() if not line.startswith("make "))
     config = blocks[f"{kind}-config"]
