@@ -75,6 +75,9 @@ class Sink(Protocol):
     def record_checkpoint(self, checkpoint: CheckpointRecord) -> None:
         """Record a completed checkpoint (uuid and steps; its files with ``log_checkpoints``)."""
 
+    def record_deleted(self, checkpoint: CheckpointRecord) -> None:
+        """Mark a checkpoint it recorded as deleted (retention removed its files)."""
+
     def close(self, outcome: Outcome) -> None:
         """End this process's use of the run with the status ``outcome`` stands for."""
 
