@@ -8,10 +8,11 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP) deepspeed-ops
 
+# Everything (`make test`, `make venv`): every extra, the dev tools, TensorFlow's CPU build. pip shows its progress.
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[pytorch,deepspeed,ray,examples,ui,dev,mlflow,wandb,gcs,azure,optuna,streaming]' 'tensorflow-cpu>=2.16'
+	$(BIN)/pip install -c constraints.txt -e '.[pytorch,deepspeed,ray,examples,ui,dev,mlflow,wandb,gcs,azure,optuna,streaming]' 'tensorflow-cpu>=2.16'
 	touch $(STAMP)
 
 # DeepSpeed's CPU Adam op (ZeRO-Offload's optimizer, docs/deepspeed.md), compiled once into the torch extensions
@@ -19,33 +20,45 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 deepspeed-ops: $(STAMP)
 	DS_ACCELERATOR=cpu $(BIN)/python -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load(verbose=False)"
 
+# What `make example` (and example-trainer, example-core) needs: the [example] extra (PyTorch, scikit-learn);
+# a full venv already has it.
+EXAMPLE_STAMP := $(VENV)/.installed-example
+EXAMPLE_VENV := $(if $(wildcard $(STAMP)),$(STAMP),$(EXAMPLE_STAMP))
+
+$(EXAMPLE_STAMP): setup.cfg pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install -c constraints.txt -e '.[example]'
+	touch $(EXAMPLE_STAMP)
+
 # Azurite (Azure Blob Storage's emulator, a Node package) for the Azure storage tests, into the venv.
 AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
 
 azurite: $(AZURITE)
 
 $(AZURITE):
-	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@3.37.0
+	@if command -v npm >/dev/null 2>&1; then npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@3.37.0; \
+	else echo "make azurite: npm (Node.js) is not installed; the Azure storage tests will be skipped"; fi
 
 EXAMPLE_RUN_DIR := det-runs/digits_search
 TRAINER_EXAMPLE_RUN_DIR := det-runs/digits_pytorch
 CORE_EXAMPLE_RUN_DIR := det-runs/core_api_digits
 
 # The main job: a local grid search over the digits PyTorchTrial (6 trials), ending with the trials table.
-example: venv
+example: $(EXAMPLE_VENV)
 	rm -rf $(EXAMPLE_RUN_DIR)
 	$(BIN)/det-trials --run-dir $(EXAMPLE_RUN_DIR) experiment create --no-progress \
 		examples/digits_pytorch/search.yaml examples/digits_pytorch
 	$(BIN)/det-trials --run-dir $(EXAMPLE_RUN_DIR) checkpoint list
 
 # The same trial trained once with Trainer.fit in a plain script.
-example-trainer: venv
+example-trainer: $(EXAMPLE_VENV)
 	rm -rf $(TRAINER_EXAMPLE_RUN_DIR)
 	$(BIN)/python examples/digits_pytorch/train.py --run-dir $(TRAINER_EXAMPLE_RUN_DIR)
 	$(BIN)/det-trials --run-dir $(TRAINER_EXAMPLE_RUN_DIR) trial metrics 1 --group validation
 
 # The Core API example: a plain PyTorch script, preempted after 3 epochs and resumed.
-example-core: venv
+example-core: $(EXAMPLE_VENV)
 	rm -rf $(CORE_EXAMPLE_RUN_DIR)
 	$(BIN)/python examples/core_api_digits/train.py --run-dir $(CORE_EXAMPLE_RUN_DIR) --preempt-after-epochs 3
 	$(BIN)/python examples/core_api_digits/train.py --run-dir $(CORE_EXAMPLE_RUN_DIR) --resume latest
@@ -56,11 +69,12 @@ benchmark: venv
 	$(BIN)/python benchmarks/run_all.py
 
 # The dashboard's browser tests drive Debian's chromium through Playwright (never Playwright's own browser
-# download): install it with apt-get when it is missing; if that is impossible they are skipped, saying why.
+# download): install it with apt-get (root, or sudo; without recommended packages) when it is missing; if
+# that is impossible they are skipped, saying why.
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 		{ SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		  ($$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium) \
+		  ($$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium) \
 		  || echo "make browser: could not install chromium; the browser tests will be skipped"; }
 
 test: venv browser azurite

@@ -1,6 +1,6 @@
 """Fixtures every test module may use: ``cpu_device`` for tests whose expectations hold on the CPU,
 ``device`` for tests run on each device (the CPU, and CUDA in the GPU tier), ``fresh_dynamo`` for tests
-of ``torch.compile``d models."""
+of ``torch.compile``d models; every test's time limit (pytest-timeout) grows with the machine's load."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.helpers_load import load_factor
 
 
 @pytest.fixture
@@ -53,3 +54,16 @@ def fresh_dynamo() -> Iterator[None]:
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
         yield
     torch._dynamo.reset()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
+    """Scale the test's timeout by the load when it starts (``load_factor``): on a shared machine at load 10
+    a 300 s limit that a quiet one never nears is 1,200 s. pytest-timeout's own hook then sets the timer."""
+    factor = load_factor()
+    if factor <= 1.0:
+        return None  # pytest-timeout's hook, as configured
+    import pytest_timeout
+
+    pytest_timeout.pytest_timeout_set_timer(item, settings._replace(timeout=settings.timeout * factor))
+    return True

@@ -161,6 +161,8 @@ class AdaptiveASHASearcher(_SearcherBase):
                 ("max_length",), "adaptive_asha needs a length: set e.g. `max_length: {batches: 1000}` "
                 "(or time_metric with max_time)"
             )
+        length = self.max_length.value if self.max_length is not None else self.max_time
+        _warn_single_rung("adaptive_asha", int(length or 0), self.divisor, self.max_rungs)
         return self
 
 
@@ -269,7 +271,20 @@ class OptunaSearcher(_SearcherBase):
             raise ConfigProblems.at(
                 ("max_length",), f"pruner {self.pruner} stops trials at rungs of max_length; set e.g. "
                 "`max_length: {batches: 1000}`, or use `pruner: none`")
+        if self.pruner != "none" and self.max_length is not None:
+            _warn_single_rung(f"pruner: {self.pruner}", self.max_length.value, self.divisor, self.max_rungs)
         return self
+
+
+def _warn_single_rung(what: str, length: int, divisor: float, max_rungs: int) -> None:
+    """Warn when rungs of ``length / divisor**k`` (at least 1) leave one rung: nothing would be stopped early."""
+    if max_rungs == 1 or length < divisor:
+        warnings.warn(
+            f"experiment config: searcher {what} with a length of {length}, divisor {divisor:g} and max_rungs "
+            f"{max_rungs} has a single rung (rungs are length / divisor**k, at least 1), so no trial is stopped "
+            "early; raise max_length (or max_time) or max_rungs, or lower divisor",
+            ConfigWarning, stacklevel=3,
+        )
 
 
 def optuna_sampler_problems(space: Any, searcher: OptunaSearcher) -> list[tuple[tuple[str, ...], str]]:

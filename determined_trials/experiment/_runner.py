@@ -135,7 +135,7 @@ class ExperimentRunner(TrialOutcomes):
         self.store.set_trial_state(trial_id, RunState.ACTIVE)
         where = f" from checkpoint {latest.uuid} (step {latest.steps_completed})" if latest else ""
         where = where or (f" from the model weights of checkpoint {warm.checkpoint} (a warm start)" if warm else "")
-        self._say(f"trial {trial_id} starts{where}: training to length {length}")
+        self._say(f"trial {trial_id} starts{where}: training to {self._length_text(int(length))}")
         self._attempt_starts(work, trial_id)
         proc = self._executor.start(TrialJob(
             launch=launch, entrypoint=self._config.entrypoint, slots=self._config.resources.slots_per_trial,
@@ -148,6 +148,12 @@ class ExperimentRunner(TrialOutcomes):
         if self._pausing:
             proc.terminate()
 
+
+    def _length_text(self, length: int) -> str:
+        """A searcher length with its unit: ``6 epochs``, ``8 tokens`` (a time_metric), else ``length 6``."""
+        searcher = self._config.searcher
+        unit = searcher.max_length.unit if searcher.max_length is not None else getattr(searcher, "time_metric", None)
+        return f"{length} {unit}" if unit else f"length {length}"
     def _take_gpus(self) -> list[str]:
         count = min(self._config.resources.slots_per_trial, len(self._free_gpus))
         taken, self._free_gpus = self._free_gpus[:count], self._free_gpus[count:]

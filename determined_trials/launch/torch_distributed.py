@@ -89,6 +89,8 @@ def build_command(args: _args.LaunchArgs, config: Any) -> tuple[list[str], dict[
         master_port = _env_int("DET_MASTER_PORT", DEFAULT_C10D_PORT)
         rendezvous = ["--master_addr", chief_ip, "--master_port", str(master_port)]
     env.update(DET_CHIEF_IP=chief_ip, USE_TORCH_DISTRIBUTED="1")
+    if "OMP_NUM_THREADS" not in os.environ:  # torchrun's own default for several ranks, without its banner
+        env["OMP_NUM_THREADS"] = "1"
     torchrun = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node_rank", str(node_rank),
         "--nproc_per_node", str(nproc), "--max_restarts", "0", *rendezvous, "--monitor_interval", "0.1",

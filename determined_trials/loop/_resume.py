@@ -44,14 +44,15 @@ def resolve_resume(core: Context, latest_checkpoint: str | None) -> str | None:
 @contextlib.contextmanager
 def interrupt_stops_training(core: Context) -> Iterator[list[ExitReason]]:
     """Around the loop: a first Ctrl-C stops training after the batch with a checkpoint. Append the
-    loop's exit reason to the yielded list; on the way out a preempted run prints how to resume, and
-    a plain script stopped by Ctrl-C raises ``TrainingInterrupted`` (exit status 75)."""
+    loop's exit reason to the yielded list; on the way out a preempted run, or one the trial stopped
+    (``set_stop_requested``), prints how to resume, and a plain script stopped by Ctrl-C raises
+    ``TrainingInterrupted`` (exit status 75)."""
     from determined_trials.loop._controller import ExitReason
 
     exits: list[ExitReason] = []
     with core.preempt.stop_on_interrupt(_CTRL_C) as interrupted:
         yield exits
-    if not exits or exits[0] is not ExitReason.PREEMPTED:
+    if not exits or exits[0] not in (ExitReason.PREEMPTED, ExitReason.STOPPED):
         return
     if get_cluster_info() is not None:
         return  # the experiment runner says how to continue
@@ -60,7 +61,8 @@ def interrupt_stops_training(core: Context) -> Iterator[list[ExitReason]]:
         latest = core.store.latest_checkpoint(core.info.trial.trial_id)
         how = "--latest-checkpoint latest" if launched else 'Trainer.fit(latest_checkpoint="latest")'
         if latest is not None:
-            _say(core, f"stopped after batch {latest.steps_completed}: trial {core.info.trial.trial_id}, "
+            by = " (set_stop_requested)" if exits[0] is ExitReason.STOPPED else ""
+            _say(core, f"stopped{by} after batch {latest.steps_completed}: trial {core.info.trial.trial_id}, "
                        f"checkpoint {latest.uuid} in {core.info.run_dir}; resume with {how} (or that uuid)")
     if interrupted() and not launched:
         raise TrainingInterrupted()

@@ -7,11 +7,13 @@ validation loss and perplexity."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it: nothing reaches the network
+logging.getLogger("datasets").setLevel(logging.WARNING)  # not its import-time INFO line on TensorFlow
 
 import corpus  # noqa: E402
 import torch  # noqa: E402

@@ -53,7 +53,7 @@ def test_asha_by_time_metric_takes_the_metric_from_validations_and_promotes(
     assert "exited without" not in text, text
     trials = store.trials(1)
     assert len(trials) == 4 and all(t.state == "COMPLETED" and t.reason is None for t in trials), text
-    assert "training to length 8" in text  # the rung's metric (x at batches 4) promoted someone
+    assert "training to 8 batches" in text  # the rung's metric (x at batches 4) promoted someone
 
 
 @pytest.mark.parametrize("report", [True, False])

@@ -92,10 +92,13 @@ def _assert_resumed_exactly(reference: dict[str, Any], first: ResumeTrial, secon
     ],
 )
 def test_stop_requested_then_resume_is_bitwise_identical(
-    tmp_path: Path, reference: dict[int, dict[str, Any]], stop_after: int,
+    tmp_path: Path, reference: dict[int, dict[str, Any]], stop_after: int, capsys: pytest.CaptureFixture[str],
 ) -> None:
     first, second, checkpoint = _stop_and_resume(tmp_path, stop_after, workers=0)
     assert checkpoint.steps_completed == stop_after + 1  # honoured at the end of the current batch
+    hint = (f"det-trials: stopped (set_stop_requested) after batch {stop_after + 1}: trial 1, checkpoint "
+            f'{checkpoint.uuid} in {tmp_path}; resume with Trainer.fit(latest_checkpoint="latest")')
+    assert capsys.readouterr().err.count(hint) == 1  # the stopped run says how to go on; the resumed one not
     assert len(first.seen) == stop_after + 1
     _assert_resumed_exactly(reference[0], first, second)
 

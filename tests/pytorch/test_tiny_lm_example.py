@@ -7,13 +7,15 @@ three scenarios in a row."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from support import helpers_two_ranks as two_ranks
-from support.helpers_paths import SUPPORT
+from support.helpers_paths import REPO, SUPPORT
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_device")]
 
@@ -67,3 +69,13 @@ def test_a_stopped_and_resumed_run_ends_bitwise_equal(results: tuple[two_ranks.R
         got = torch.load(tmp / f"resume-rank{rank}.pt", weights_only=True)
         assert want.keys() == got.keys() and any(k.startswith("optim.") for k in want)
         assert [k for k in want if not torch.equal(want[k], got[k])] == []
+
+
+def test_the_example_says_nothing_of_tensorflow() -> None:
+    """Hugging Face datasets logs at import, at INFO, that TensorFlow is available: the example's log (INFO under
+    the harness) leaves that line out."""
+    code = ("import logging, sys; logging.basicConfig(level=logging.INFO); sys.path.insert(0, 'examples/tiny_lm'); "
+            "import model_def, datasets; print('imported')")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "imported" in done.stdout, done.stderr
+    assert "TensorFlow" not in done.stderr and "Tensorflow" not in done.stderr, done.stderr

@@ -29,7 +29,7 @@ from support.helpers_paths import REPO
 __all__ = [
     "AZURITE_KEY", "BUCKETS", "S3_KEYS", "azure_connection_string", "azure_server_fixture", "azurite",
     "azurite_path", "bucket_server", "bucket_spec", "free_port", "gcs_emulator", "gcs_emulator_path",
-    "gcs_server_fixture", "list_keys", "s3_server_fixture",
+    "gcs_server_fixture", "list_keys", "missing_server", "s3_server_fixture",
 ]
 
 BUCKETS = ("s3", "gcs", "azure")
@@ -47,7 +47,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _missing(what: str) -> None:
+def missing_server(what: str) -> None:
     """Skip (locally) or fail (under CI) for a server that is not installed."""
     if os.environ.get("CI"):
         pytest.fail(f"{what} (CI must run these tests, not skip them)")
@@ -107,12 +107,14 @@ def gcs_emulator(script: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def azurite(binary: str) -> Iterator[str]:
-    """Azurite's blob service on a free port, data in a temporary folder; yields its connection string."""
+def azurite(binary: str, *, skip_api_version_check: bool = True) -> Iterator[str]:
+    """Azurite's blob service on a free port, data in a temporary folder; yields its connection string.
+    Without ``skip_api_version_check`` it refuses an SDK newer than itself, as a user's plain start does."""
     port = free_port()
+    flags = ["--skipApiVersionCheck"] if skip_api_version_check else []
     with tempfile.TemporaryDirectory(prefix="det-azurite-") as location, _serving(
         [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", location, "--silent",
-         "--skipApiVersionCheck"], port):
+         *flags], port):
         yield azure_connection_string(port)
 
 
@@ -122,7 +124,7 @@ def gcs_server_fixture() -> Iterator[str]:
     pytest.importorskip("google.cloud.storage")
     found = gcs_emulator_path()
     if found is None:
-        _missing("gcp-storage-emulator is not installed (make venv installs it)")
+        missing_server("gcp-storage-emulator is not installed (make venv installs it)")
     with gcs_emulator(str(found)) as endpoint:
         yield endpoint
 
@@ -141,7 +143,7 @@ def azure_server_fixture() -> Iterator[str]:
     pytest.importorskip("azure.storage.blob")
     found = azurite_path()
     if found is None:
-        _missing(f"Azurite is not installed: run `make azurite` (or set {_AZURITE_ENV} to azurite-blob)")
+        missing_server(f"Azurite is not installed: run `make azurite` (or set {_AZURITE_ENV} to azurite-blob)")
     with azurite(str(found)) as connection_string:
         yield connection_string
 

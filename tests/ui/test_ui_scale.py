@@ -1,6 +1,7 @@
 """The dashboard at scale: one experiment of 200 trials × 5,000 metric rows each (4,500 training, 500
 validation), written with the store API. Every API call answers within 1 s, and a browser draws the
-experiment page (200 trials in the table, 200 learning curves, the hyperparameter plots) within 3 s."""
+experiment page (200 trials in the table, 200 learning curves, the hyperparameter plots) within 3 s; on a
+loaded machine both limits grow with its load (``load_factor``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 pytest.importorskip("starlette", reason="the ui extra (starlette, uvicorn) is not installed")
 
 from support.helpers_browser import chromium  # noqa: E402
+from support.helpers_load import load_factor  # noqa: E402
 from support.helpers_ui import login_url, make_big_store, running_ui  # noqa: E402
 
 from determined_trials.ui import UiSettings, create_app  # noqa: E402
@@ -60,8 +62,9 @@ def test_every_api_call_answers_within_a_second(big_run: Path) -> None:
             assert response.status_code == 200, (path, response.text)
         timings[path] = (min(runs), max(runs))
     print("\n" + "\n".join(f"{lo * 1000:7.0f} ms (worst {hi * 1000:5.0f})  {p}" for p, (lo, hi) in timings.items()))
-    slow = {p: round(lo, 2) for p, (lo, _) in timings.items() if lo > API_LIMIT_S}
-    assert not slow, f"API calls slower than {API_LIMIT_S} s: {slow}"
+    limit = API_LIMIT_S * load_factor()  # 1 s on a machine whose cores are not taken by other work
+    slow = {p: round(lo, 2) for p, (lo, _) in timings.items() if lo > limit}
+    assert not slow, f"API calls slower than {limit:.2f} s: {slow}"
     curves = client.get(CALLS[3]).json()["trials"]
     assert len(curves) == TRIALS and all(len(c["steps"]) <= 200 for c in curves.values())
 
@@ -81,4 +84,5 @@ def test_the_experiment_page_is_drawn_within_three_seconds(big_run: Path) -> Non
             drawn.append(time.perf_counter() - start)
             page.goto(base + "/")
         print(f"\nexperiment page with {TRIALS} trials drawn in {min(drawn):.2f} s (worst {max(drawn):.2f} s)")
-        assert min(drawn) <= PAGE_LIMIT_S, f"the experiment page took {min(drawn):.2f} s"
+        limit = PAGE_LIMIT_S * load_factor()  # 3 s on a machine whose cores are not taken by other work
+        assert min(drawn) <= limit, f"the experiment page took {min(drawn):.2f} s (limit {limit:.2f} s)"

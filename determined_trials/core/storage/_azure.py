@@ -29,6 +29,7 @@ class AzureStorage(RemoteStorage):
     """
 
     scheme, service, name_key = "az", "Azure", "container"
+    client_loggers = ("azure",)  # azure-core logs each request's and response's headers at INFO
     name_pattern = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}$")
     name_rule = ("3-63 characters of lowercase letters, digits and single '-' between them, starting with a "
                  "letter or digit")
@@ -76,27 +77,27 @@ class AzureStorage(RemoteStorage):
             yield
         except az.ResourceNotFoundError as exc:
             if "ContainerNotFound" not in str(getattr(exc, "error_code", "") or exc):
-                raise StorageError(f"Azure error while {action} on {self.describe()}: {exc}") from exc
+                raise StorageError(f"Azure error while {action} on {self.describe()}: {_one_line(exc)}") from exc
             raise StorageError(
                 f"Azure container {self.bucket!r} does not exist ({self.describe()}); create it or fix "
                 "checkpoint_storage.container"
             ) from exc
         except (az.ClientAuthenticationError, az.HttpResponseError) as exc:
             if isinstance(exc, az.HttpResponseError) and getattr(exc, "status_code", None) not in (401, 403):
-                raise StorageError(f"Azure error while {action} on {self.describe()}: {exc}") from exc
+                raise StorageError(f"Azure error while {action} on {self.describe()}: {_one_line(exc)}") from exc
             raise StorageError(
                 f"Azure refused {action} on container {self.bucket!r} ({self.describe()}): "
-                f"{str(exc).splitlines()[0]}; check the account key in checkpoint_storage.connection_string "
+                f"{_one_line(exc)}; check the account key in checkpoint_storage.connection_string "
                 "(or credential), that the SAS has not expired, and that it may list, read, write and delete"
             ) from exc
         except (az.ServiceRequestError, az.ServiceResponseError) as exc:
             raise StorageError(
                 f"cannot reach the Azure blob endpoint of container {self.bucket!r} ({self.describe()}) while "
-                f"{action}: {exc}; check the BlobEndpoint/AccountName in the connection string (or "
+                f"{action}: {_one_line(exc)}; check the BlobEndpoint/AccountName in the connection string (or "
                 "account_url) and the network"
             ) from exc
         except az.AzureError as exc:
-            raise StorageError(f"Azure error while {action} on {self.describe()}: {exc}") from exc
+            raise StorageError(f"Azure error while {action} on {self.describe()}: {_one_line(exc)}") from exc
 
     # -- object operations ---------------------------------------------------------------------------
     def _upload_file(self, key: str, path: str) -> None:
@@ -134,6 +135,20 @@ class AzureStorage(RemoteStorage):
                     f"Azure refused deleting {len(failed)} blob(s) of {self.describe()} (HTTP "
                     f"{failed[0].status_code}); check that the credentials may delete blobs"
                 )
+
+
+def _one_line(exc: Exception) -> str:
+    """An azure-core error in one line: its message's first line and its error code (never the response's raw
+    XML body), with what to fix where we know it."""
+    lines = str(getattr(exc, "message", None) or exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    code = getattr(exc, "error_code", None)
+    code = getattr(code, "value", code)  # the SDK's StorageErrorCode enum: its wire name
+    if code and str(code) not in text:
+        text += f" ({code})"
+    if "API version" in text and "not supported" in text:
+        text += "; start Azurite with --skipApiVersionCheck (the SDK is newer than the emulator)"
+    return text
 
 
 def _blob_endpoint(connection_string: str) -> str | None:

@@ -29,6 +29,7 @@ class GCSStorage(RemoteStorage):
     """
 
     scheme, service = "gs", "GCS"
+    client_loggers = ("google.auth", "google.cloud", "urllib3")
     name_pattern = re.compile(r"^[a-z0-9][a-z0-9._\-]{1,220}[a-z0-9]$")
     name_rule = ("3-63 characters of lowercase letters, digits, '-', '_' and '.', starting and ending with a "
                  "letter or digit")

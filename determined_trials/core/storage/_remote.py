@@ -12,6 +12,7 @@ import abc
 import contextlib
 import importlib.util
 import json
+import logging
 import re
 import shutil
 import tempfile
@@ -24,7 +25,7 @@ from determined_trials.core.storage import _base
 from determined_trials.core.storage._base import METADATA_FILE, CheckpointNotFoundError, StorageError, StorageManager
 from determined_trials.errors import ConfigError
 
-__all__ = ["RemoteStorage", "require_package"]
+__all__ = ["RemoteStorage", "quiet_loggers", "require_package"]
 
 
 def require_package(module: str, extra: str, what: str) -> None:
@@ -37,6 +38,15 @@ def require_package(module: str, extra: str, what: str) -> None:
         raise StorageError(
             f"{what} checkpoint storage needs the {module} package: pip install 'determined-trials[{extra}]'"
         )
+
+
+def quiet_loggers(names: Sequence[str]) -> None:
+    """Set each named logger whose level nobody set to WARNING: a client library's per-request INFO lines
+    (azure-core logs every request's headers) stay out of the trial log; a level the user chose is kept."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
 
 
 class RemoteStorage(StorageManager):
@@ -58,6 +68,8 @@ class RemoteStorage(StorageManager):
     """What a valid bucket (container) name is, for the error when ``name_pattern`` does not match."""
     name_key = "bucket"
     """The config key that names the bucket (``container`` for Azure)."""
+    client_loggers: tuple[str, ...] = ()
+    """The client library's loggers, quieted (``quiet_loggers``) when the client is made."""
 
     def __init__(self, bucket: str, prefix: str | None) -> None:
         if not isinstance(bucket, str) or not self.name_pattern.match(bucket):
@@ -131,6 +143,7 @@ class RemoteStorage(StorageManager):
         if self._client_obj is None:
             with self._client_lock:  # the training thread and a background writer may both get here
                 if self._client_obj is None:
+                    quiet_loggers(self.client_loggers)
                     with self._errors("connecting"):
                         client = self._make_client()
                     with self._errors("checking the bucket"):

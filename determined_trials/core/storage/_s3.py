@@ -29,6 +29,7 @@ class S3Storage(RemoteStorage):
     """
 
     scheme, service = "s3", "S3"
+    client_loggers = ("boto3", "botocore", "s3transfer", "urllib3")  # botocore: INFO when it finds credentials
     name_pattern = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
     name_rule = "3-63 characters of lowercase letters, digits, '.' and '-', starting and ending with a letter or digit"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,33 @@ _CHECKPOINT_SELECT = (
 _CURRENT = "superseded_time IS NULL"
 """The condition on ``metrics`` rows of a trial's one timeline (not replaced by a restart); every metrics read
 applies it, only ``metrics``/``metric_groups`` with ``include_superseded`` leave it out."""
+
+# Parameters of the statements below: ?1 the group, ?2 the experiment id, ?3 the metric's JSON path, ?4 the most
+# reports read per trial.
+_MINE = f"grp = ?1 AND trial_id = s.tid AND {_CURRENT}"
+_SAMPLED_IDS = (
+    "WITH RECURSIVE k(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM k WHERE i + 1 < ?4), "
+    "s(tid, n, lo, hi) AS (SELECT s.tid, "
+    "(SELECT COUNT(*) FROM (SELECT 1 FROM metrics WHERE grp = ?1 AND trial_id = s.tid LIMIT ?4 + 1)), "
+    f"(SELECT MIN(id) FROM metrics WHERE {_MINE}), (SELECT MAX(id) FROM metrics WHERE {_MINE}) "
+    "FROM (SELECT id AS tid FROM trials WHERE experiment_id = ?2) AS s) "
+    f"SELECT (SELECT id FROM metrics WHERE {_MINE} AND id >= s.lo + (s.hi - s.lo) * k.i / (?4 - 1) "
+    "ORDER BY id LIMIT 1) FROM s, k WHERE s.n > ?4 UNION SELECT m.id FROM s CROSS JOIN metrics AS m "
+    f"ON m.grp = ?1 AND m.trial_id = s.tid AND m.{_CURRENT} WHERE s.n <= ?4"
+)
+"""Row ids of each trial's reports of the group: all of a trial's when it has at most ?4 (counted in the index
+alone, reports a restart replaced included), else an even sample:
+for each of ?4 evenly spaced ids from its first report to its last, the first at or after it. Index seeks
+(``metrics_by_group``), never a walk over every report; the CROSS JOIN keeps the trials the outer loop."""
+_ALL_IDS = (f"SELECT id FROM metrics WHERE grp = ?1 AND {_CURRENT} AND trial_id IN "
+            "(SELECT id FROM trials WHERE experiment_id = ?2)")
+# SQLite's JSON functions reject NaN and Infinity (which the store keeps): such rows come back raw
+_POINTS = (
+    "SELECT trial_id, steps_completed, id, v, raw FROM (SELECT trial_id, steps_completed, id, "
+    "CASE WHEN json_valid(metrics) THEN json_extract(metrics, ?3) END AS v, "
+    "CASE WHEN json_valid(metrics) THEN NULL ELSE metrics END AS raw FROM metrics WHERE id IN ({ids})) "
+    "WHERE raw IS NOT NULL OR typeof(v) IN ('integer', 'real')"
+)
 
 
 class StoreReads:
@@ -212,32 +240,17 @@ class StoreReads:
         """(trial id, steps, value) of one metric in one group for each of the experiment's trials, ordered by
         trial, steps and report; missing, non-numeric and NaN values are left out.
 
-        With ``max_rows_per_trial``, the reports are sampled evenly (by row id, with each trial's first and last
-        report) so that no trial reads many more rows than that: an overview of very long series in one quick
-        query, without parsing every report.
+        With ``max_rows_per_trial``, a trial with more reports than that is read as an even sample of them (by
+        row id, with its first and last report), found by index seeks: an overview of very long series whose
+        cost grows with the trials and the sample, not with the reports stored.
         """
-        inside = f"m.grp = ? AND m.{_CURRENT} AND m.trial_id IN (SELECT id FROM trials WHERE experiment_id = ?)"
-        base: list[Any] = [group, int(experiment_id)]
-        stats = self._read(f"SELECT m.trial_id AS tid, COUNT(*) AS n, MIN(m.id) AS lo, MAX(m.id) AS hi "
-                           f"FROM metrics AS m WHERE {inside} GROUP BY m.trial_id", base)
-        if not stats:
-            return []
-        most = max(r["n"] for r in stats)
-        stride = 1 if not max_rows_per_trial else max(1, -(-most // int(max_rows_per_trial)))
-        sample, params = "", list(base)
-        if stride > 1:
-            ends = sorted({r["lo"] for r in stats} | {r["hi"] for r in stats})
-            sample = f" AND (m.id % ? = 0 OR m.id IN ({', '.join('?' * len(ends))}))"
-            params += [stride, *ends]
-        # SQLite's JSON functions reject NaN and Infinity (which the store keeps): such rows come back raw
-        rows = self._read(
-            "SELECT tid, s, v, raw FROM (SELECT m.trial_id AS tid, m.steps_completed AS s, m.id AS id, "
-            "CASE WHEN json_valid(m.metrics) THEN json_extract(m.metrics, ?) END AS v, "
-            "CASE WHEN json_valid(m.metrics) THEN NULL ELSE m.metrics END AS raw "
-            f"FROM metrics AS m WHERE {inside}{sample}) WHERE raw IS NOT NULL OR typeof(v) IN ('integer', 'real') "
-            "ORDER BY tid, s, id", [_json_path(metric), *params])
+        most = max(int(max_rows_per_trial), 2) if max_rows_per_trial else 0
+        params = [group, int(experiment_id), _json_path(metric), most][:4 if most else 3]
+        which = _SAMPLED_IDS if most else _ALL_IDS
+        # ordered here: an ORDER BY steps would walk every report of each trial (the metrics_by_trial index)
+        rows = sorted(self._read(_POINTS.format(ids=which), params), key=operator.itemgetter(0, 1, 2))
         points = []
-        for tid, steps, value, raw in rows:
+        for tid, steps, _id, value, raw in rows:
             number = _rec.numeric(_rec.loads(raw).get(metric)) if raw is not None else float(value)
             if number is not None:
                 points.append((tid, steps, number))

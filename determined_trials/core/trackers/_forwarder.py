@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from determined_trials.core.store import MetricRecord, TrialStore
+from determined_trials.core.store import CheckpointState, MetricRecord, TrialStore
 from determined_trials.core.trackers._progress import Progress, plan
 from determined_trials.core.trackers._sink import Outcome, Sink
 
@@ -168,8 +168,15 @@ class TrackerForwarder:
         return self._store.metrics_at(self._trial_id, row.group, row.steps_completed, row.id)
 
     def _send_checkpoints(self, run: _Run) -> None:
-        for checkpoint in self._store.checkpoints(trial_id=self._trial_id):
-            if checkpoint.uuid not in run.checkpoints:
+        """Record each new checkpoint; mark those recorded that retention deleted since (kept as ``deleted:<uuid>``
+        beside the uuids the sink has, so each is marked once)."""
+        for checkpoint in self._store.checkpoints(trial_id=self._trial_id, include_deleted=True):
+            deleted = checkpoint.state == CheckpointState.DELETED
+            if not deleted and checkpoint.uuid not in run.checkpoints:
                 run.sink.record_checkpoint(checkpoint)
                 self._store.add_tracker_checkpoint(self._trial_id, run.sink.name, checkpoint.uuid)
                 run.checkpoints.add(checkpoint.uuid)
+            elif deleted and checkpoint.uuid in run.checkpoints and f"deleted:{checkpoint.uuid}" not in run.checkpoints:
+                run.sink.record_deleted(checkpoint)
+                self._store.add_tracker_checkpoint(self._trial_id, run.sink.name, f"deleted:{checkpoint.uuid}")
+                run.checkpoints.add(f"deleted:{checkpoint.uuid}")

@@ -16,6 +16,8 @@ __all__ = ["MlflowSink", "run_url"]
 _METRICS_PER_BATCH = 1000  # MLflow's limits on one log_batch call
 _PARAMS_PER_BATCH = 100
 _TAG_PREFIX = "det."
+DELETED_MARK = "(deleted)"
+"""Appended to a ``det.checkpoint.<steps>`` tag's uuid once retention deleted that checkpoint."""
 _LOCAL = "directory "  # how the store names a local checkpoint folder (artifacts are sent from local storage)
 
 
@@ -78,7 +80,7 @@ class MlflowSink:
         for start in range(0, len(params), _PARAMS_PER_BATCH):
             client.log_batch(run_id, params=params[start:start + _PARAMS_PER_BATCH])
         self._run_id = run_id
-        self._recorded = {v for k, v in run.data.tags.items() if k.startswith(f"{_TAG_PREFIX}checkpoint.")}
+        self._recorded = {v.split()[0] for k, v in run.data.tags.items() if k.startswith(f"{_TAG_PREFIX}checkpoint.")}
         return run_url(self._uri, run.info.experiment_id, run_id)
 
     def log(self, rows: Sequence[MetricRecord]) -> None:
@@ -103,6 +105,11 @@ class MlflowSink:
             RunTag(f"{_TAG_PREFIX}checkpoint.{checkpoint.steps_completed}", checkpoint.uuid),
             RunTag(f"{_TAG_PREFIX}latest_checkpoint", checkpoint.uuid)])
         self._recorded.add(checkpoint.uuid)
+
+    def record_deleted(self, checkpoint: CheckpointRecord) -> None:
+        """The checkpoint's tag keeps its uuid, marked: a run never points at files that are gone unsaid."""
+        self._client().set_tag(self._run_id, f"{_TAG_PREFIX}checkpoint.{checkpoint.steps_completed}",
+                               f"{checkpoint.uuid} {DELETED_MARK}")
 
     def close(self, outcome: Outcome) -> None:
         self._client().set_terminated(self._run_id, status=outcome.mlflow_status)

@@ -75,16 +75,24 @@ class Sink(Protocol):
     def record_checkpoint(self, checkpoint: CheckpointRecord) -> None:
         """Record a completed checkpoint (uuid and steps; its files with ``log_checkpoints``)."""
 
+    def record_deleted(self, checkpoint: CheckpointRecord) -> None:
+        """Mark a checkpoint it recorded as deleted (retention removed its files)."""
+
     def close(self, outcome: Outcome) -> None:
         """End this process's use of the run with the status ``outcome`` stands for."""
 
 
+_COUNTERS = frozenset({"batches", "epochs"})
+"""The loop's counters in every report: the step already is the batch count, so trackers do not plot them."""
+
+
 def step_values(rows: Iterable[MetricRecord]) -> list[tuple[int, float, dict[str, float]]]:
-    """(steps, report time, {"<group>/<name>": number}) per row, numbers only (lists, strings and bools are left)."""
+    """(steps, report time, {"<group>/<name>": number}) per row, numbers only (lists, strings and bools are left),
+    without the loop's ``batches``/``epochs`` counters."""
     out = []
     for row in rows:
         values = {f"{row.group}/{key}": float(value) for key, value in row.metrics.items()
-                  if isinstance(value, (int, float)) and not isinstance(value, bool)}
+                  if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in _COUNTERS}
         if values:
             out.append((row.steps_completed, row.reported_time.timestamp(), values))
     return out

@@ -62,6 +62,10 @@ class WandbSink:
         self._run.summary["det.latest_checkpoint"] = checkpoint.uuid
         self._run.summary["det.latest_checkpoint_steps"] = checkpoint.steps_completed
 
+    def record_deleted(self, checkpoint: CheckpointRecord) -> None:
+        if self._run.summary.get("det.latest_checkpoint") == checkpoint.uuid:
+            self._run.summary["det.latest_checkpoint_deleted"] = True
+
     def close(self, outcome: Outcome) -> None:
         if outcome is Outcome.PAUSED and hasattr(self._run, "mark_preempting"):
             self._run.mark_preempting()

@@ -143,11 +143,21 @@ def test_trainer_fit_logs_to_the_default_local_store(tmp_path: Path) -> None:
     with pytorch.init(exp_conf=conf, run_dir=tmp_path) as context:
         pytorch.Trainer(LinearTrial(context), context).fit(
             max_length=pytorch.Batch(8), reporting_period=pytorch.Batch(2), validation_period=pytorch.Batch(4),
-            show_progress=False)
+            checkpoint_period=pytorch.Batch(2), checkpoint_policy="all", show_progress=False)
     store = LocalStore(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
     run_id = store.tracker_run(1, "mlflow")["run_id"]
-    assert _run(uri, run_id).info.status == "FINISHED"
+    run = _run(uri, run_id)
+    assert run.info.status == "FINISHED"
+    assert "training/loss" in run.data.metrics and not [  # the loop's counters: the step is the batch count
+        key for key in run.data.metrics if key.endswith(("/batches", "/epochs"))], run.data.metrics
+    assert store.metrics(1, "training")[0].metrics["batches"] == 2  # still in the store's reports
+    # checkpoints at 2, 4, 6, 8; retention (the latest and the best) deleted some: their tags say so
+    states = {c.steps_completed: (c.uuid, c.state) for c in store.checkpoints(trial_id=1, include_deleted=True)}
+    assert sorted(states) == [2, 4, 6, 8] and {state for _, state in states.values()} == {"COMPLETED", "DELETED"}
+    assert {key: value for key, value in run.data.tags.items() if key.startswith("det.checkpoint.")} == {
+        f"det.checkpoint.{steps}": uuid + (" (deleted)" if state == "DELETED" else "")
+        for steps, (uuid, state) in states.items()}
     for group, key in (("training", "loss"), ("validation", "validation_loss")):
         rows = [(m.steps_completed, float(m.metrics[key])) for m in store.metrics(1, group)]
         assert len(rows) == (4 if group == "training" else 2)
@@ -215,12 +225,14 @@ def test_a_server_away_mid_run_neither_stalls_training_nor_loses_rows(
         config = _config("away", {"mlflow": {"tracking_uri": relay.uri}})
         with caplog.at_level(logging.WARNING, "determined_trials.trackers"), \
                 det.core.init(config=config, run_dir=tmp_path) as ctx:
+            started = time.monotonic()
             _report(ctx, range(1, 3))
+            answered = time.monotonic() - started  # two steps with the server there: this run's pace
             relay.cut()
             try:
                 started = time.monotonic()
                 _report(ctx, range(3, 9))  # reports and checkpoints while nobody answers
-                assert time.monotonic() - started < 10
+                assert time.monotonic() - started < 10 + 3 * answered
                 deadline = time.monotonic() + 120
                 while not any("did not take" in r.message for r in caplog.records):
                     assert time.monotonic() < deadline, "no warning while the server was away"

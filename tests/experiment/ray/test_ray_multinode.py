@@ -308,7 +308,7 @@ def test_pause_stops_both_nodes_with_one_checkpoint_and_continue_finishes_it(
     resumed = subprocess.run([*DET_TRIALS, "--run-dir", str(run_dir), "experiment", "continue", "1",
                               "--no-progress", "--ray", cluster.address], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"(step {max(steps)}): training to length 12" in resumed.stdout
+    assert f"(step {max(steps)}): training to 12 batches" in resumed.stdout
     assert store.experiment(1).state == "COMPLETED" and store.trial(1).restarts == 0
     uninterrupted = _weights(LocalStore(spread_run[0]))
     for name, tensor in _weights(store).items():
