@@ -1,7 +1,8 @@
 """`det-trials trial fork`: a new experiment whose one trial continues a checkpoint exactly. A fork with nothing
 changed, and a fork of that fork, end bitwise where an uninterrupted run of the parent does (Adam, a StepLR,
 shuffled data); a fork with `--set hyperparameters.lr=...` keeps the optimizer's state and the schedule and
-rescales the lr (PBT's rule); `trial describe` names the parent; an unknown trial is an error."""
+rescales the lr (PBT's rule); `trial describe` names the parent; an unknown trial is an error. A checkpoint of
+another run folder (its folder path, or its uuid with --from-run-dir) is copied in and forked bitwise too."""
 
 from __future__ import annotations
 
@@ -222,7 +223,7 @@ def test_a_fork_of_another_run_folders_checkpoint_continues_it_exactly(
     # the uuid with --from-run-dir, and the bare uuid of the copy: both the other folder's checkpoint again
     from determined_trials.experiment._fork import fork_plan
 
-    for plan in (fork_plan(checkpoint=parent_checkpoint.uuid, from_run_dir=other, run_dir=here),
+    for plan in (fork_plan(checkpoint=parent_checkpoint.uuid, from_run_dir=other, run_dir=here, max_length=5),
                  fork_plan(checkpoint=parent_checkpoint.uuid, run_dir=here, max_length=4)):
         assert plan.foreign is not None and plan.foreign.run_dir == str(other)
         assert (plan.start.checkpoint, plan.start.parent_trial_id, plan.start.seed) == (
