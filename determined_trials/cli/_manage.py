@@ -152,7 +152,7 @@ def _describe(args: argparse.Namespace) -> int:
         ("ended", local_time(trial.end_time)),
         ("checkpoints", str(len(checkpoints))),
         ("latest checkpoint", f"{latest.uuid} (step {latest.steps_completed})" if latest else None),
-        *_search.lineage_pairs(trial),
+        *_search.lineage_pairs(trial, store),
         *_tracker_pairs(store, trial.id),
     ]
     for group in ("training", "validation"):

@@ -5,6 +5,7 @@ command groups)."""
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -42,7 +43,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     fork = _common.add_command(group_of(commands, "trial"), "fork", _fork,
                                "a new experiment whose one trial continues a checkpoint exactly")
     fork.add_argument("trial_id", metavar="TRIAL_ID", type=int, nargs="?", help="fork this trial's latest checkpoint")
-    fork.add_argument("--checkpoint", metavar="UUID", help="fork this checkpoint (instead of TRIAL_ID)")
+    fork.add_argument("--checkpoint", metavar="UUID|PATH", help="fork this checkpoint (instead of TRIAL_ID): a uuid, "
+                      "or the folder of another run folder's checkpoint (e.g. OTHER/checkpoints/UUID)")
+    fork.add_argument("--from-run-dir", metavar="OTHER", default=None,
+                      help="the run folder whose checkpoint --checkpoint UUID is (copied into this one)")
     fork.add_argument("--config", dest="config_file", metavar="OVERRIDES.YAML", default=None,
                       help="change the config by a YAML file of the settings to change (before --set)")
     fork.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
@@ -105,12 +109,13 @@ def _fork(args: argparse.Namespace) -> int:
     from determined_trials import experiment
     from determined_trials.errors import ConfigError
 
-    _common.open_store(args)  # a clear error for a missing run dir
+    if args.from_run_dir is None and os.sep not in (args.checkpoint or ""):  # another run folder's: may be a new one
+        _common.open_store(args)  # a clear error for a missing run dir
     try:
         result = experiment.fork_trial(
             args.trial_id, checkpoint=args.checkpoint, overrides=tuple(args.overrides), max_length=args.max_length,
             run_dir=_common.run_dir(args), display=experiment.Display(progress=False if args.no_progress else None),
-            ray=args.ray, config_file=args.config_file,
+            ray=args.ray, config_file=args.config_file, from_run_dir=args.from_run_dir,
         )
     except (ConfigError, experiment.ExperimentError, FileNotFoundError) as exc:
         raise _common.CliError(str(exc)) from None

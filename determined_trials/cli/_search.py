@@ -50,9 +50,14 @@ def best_trial_line(store: LocalStore, exp: Experiment) -> str:
     return f"{best['trial_id']} ({best['metric']} = {text(best['value'])}): {hparams}"
 
 
-def lineage_pairs(trial: Trial) -> list[tuple[str, str | None]]:
+def lineage_pairs(trial: Trial, store: LocalStore) -> list[tuple[str, str | None]]:
     """``trial describe``'s lineage lines: PBT's, or the trial a fork continues (none for other trials)."""
     if trial.search_round is None:
+        if trial.parent_trial_id is None and trial.parent_checkpoint is not None:  # another run folder's checkpoint
+            origin = store.checkpoint(trial.parent_checkpoint).metadata.get("forked_from") or {}
+            return [("forked from", f"trial {origin.get('trial_id')} (experiment {origin.get('experiment_id')}) of "
+                                    f"run folder {origin.get('run_dir')}, continuing its checkpoint "
+                                    f"{trial.parent_checkpoint} (copied here)")]
         forked = f"trial {trial.parent_trial_id}, continuing its checkpoint {trial.parent_checkpoint}"
         return [] if trial.parent_trial_id is None else [("forked from", forked)]
     parent = None

@@ -22,7 +22,7 @@ from determined_trials.core.store import LocalStore, RunState, release_dead_owne
 from determined_trials.core.trackers import check_trackers
 from determined_trials.errors import ConfigError
 from determined_trials.experiment._errors import ExperimentError
-from determined_trials.experiment._fork import ForkStart, fork_plan
+from determined_trials.experiment._fork import ForkStart, adopt_foreign, fork_plan
 from determined_trials.experiment._preflight import PreflightError, check_command, check_entrypoint
 from determined_trials.experiment._report import Display, TrialSummary, summarize_trials
 from determined_trials.experiment._runner import ExperimentRunner
@@ -193,13 +193,16 @@ def fork_trial(
     trial_id: int | None = None, *, checkpoint: str | None = None, overrides: tuple[str, ...] = (),
     max_length: int | None = None, run_dir: str | os.PathLike[str] | None = None, display: Display | None = None,
     ray: str | None = None, config_file: str | os.PathLike[str] | None = None,
+    from_run_dir: str | os.PathLike[str] | None = None,
 ) -> ExperimentResult:
     """``det-trials trial fork``: a new experiment whose one trial continues trial ``trial_id``'s latest
     checkpoint (or ``checkpoint``) exactly, with ``config_file`` (a YAML mapping of settings), ``overrides``
     (``KEY.PATH=VALUE``) and ``max_length`` (in the parent's unit, from the start of the lineage) applied; run as
-    ``create_experiment`` runs one."""
+    ``create_experiment`` runs one. ``checkpoint`` may be a checkpoint folder of another run folder (or a uuid of
+    ``from_run_dir``'s): copied into this run folder first."""
     plan = fork_plan(trial_id=trial_id, checkpoint=checkpoint, overrides=overrides, max_length=max_length,
-                     run_dir=run_dir, config_file=config_file)
+                     run_dir=run_dir, config_file=config_file, from_run_dir=from_run_dir)
+    adopt_foreign(plan, run_dir)
     return create_experiment(plan.config, plan.model_dir, run_dir=run_dir, display=display, ray=ray, fork=plan.start)
 
 

@@ -1,7 +1,8 @@
 """`det-trials trial fork`: a new experiment whose one trial continues a checkpoint exactly. A fork with nothing
 changed, and a fork of that fork, end bitwise where an uninterrupted run of the parent does (Adam, a StepLR,
 shuffled data); a fork with `--set hyperparameters.lr=...` keeps the optimizer's state and the schedule and
-rescales the lr (PBT's rule); `trial describe` names the parent; an unknown trial is an error."""
+rescales the lr (PBT's rule); `trial describe` names the parent; an unknown trial is an error. A checkpoint of
+another run folder (its folder path, or its uuid with --from-run-dir) is copied in and forked bitwise too."""
 
 from __future__ import annotations
 
@@ -178,3 +179,74 @@ def test_a_config_file_changes_what_it_names_before_set(tmp_path: Path) -> None:
         changes.write_text(text)
         with pytest.raises(ConfigError, match=message):
             fork_plan(trial_id=trial, config_file=changes, run_dir=run_dir)
+
+
+def test_a_fork_of_another_run_folders_checkpoint_continues_it_exactly(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    other, here, ctx = tmp_path / "other", tmp_path / "here", tmp_path / "ctx"
+    ctx.mkdir()
+    shutil.copy(SUPPORT / "trials_warm_start.py", ctx / "model_def.py")
+    assert create(other, _config(tmp_path, 3), ctx) == 0  # experiment 1 of the other folder: the parent, to 3
+    assert create(other, _config(tmp_path, 5), ctx) == 0  # experiment 2: the same run, uninterrupted to 5
+    (ctx / "model_def.py").write_text("raise ImportError('the fork runs the parent's snapshot')\n")
+    source = LocalStore(other)
+    parent, reference = source.trials(1)[0], source.trials(2)[0]
+    parent_checkpoint = source.latest_checkpoint(parent.id)
+    assert parent_checkpoint is not None and parent_checkpoint.steps_completed == 3
+    folder = other / "checkpoints" / parent_checkpoint.uuid
+    before = sorted(p.relative_to(other) for p in other.rglob("*") if "store" not in p.name)
+
+    assert _fork(here, "--checkpoint", str(folder), "--max-length", "5") == 0  # a new run folder: 3 -> 5
+    store = LocalStore(here)
+    fork = store.trials(1)[0]
+    assert (fork.parent_trial_id, fork.parent_checkpoint, fork.seed) == (None, parent_checkpoint.uuid, parent.seed)
+    assert _first_batch(here, 1, fork.id)["batch_idx"] == 3  # continued, not restarted
+    assert _same(_final_state(store, fork.id), _final_state(source, reference.id))  # bitwise the parent's run
+    adopted = store.checkpoint(parent_checkpoint.uuid)  # copied in, recorded without a trial, its origin named
+    assert adopted.trial_id is None and adopted.resources == parent_checkpoint.resources
+    assert adopted.metadata["forked_from"] == {"run_dir": str(other), "experiment_id": 1, "trial_id": parent.id}
+    assert (here / "checkpoints" / parent_checkpoint.uuid / "state_dict.pth").read_bytes() == (
+        folder / "state_dict.pth").read_bytes()
+    assert sorted(p.relative_to(other) for p in other.rglob("*") if "store" not in p.name) == before  # only read
+    assert len(source.experiments()) == 2
+    assert str(other) in store.experiment(1).name
+
+    capsys.readouterr()
+    assert main(["--run-dir", str(here), "trial", "describe", str(fork.id)]) == 0
+    assert re.search(rf"\n  forked from: +trial {parent.id} \(experiment 1\) of run folder {re.escape(str(other))}, "
+                     rf"continuing its checkpoint {parent_checkpoint.uuid} \(copied here\)\n", capsys.readouterr().out)
+    nothing = RetentionPolicy(metric="validation_loss", save_trial_best=0, save_trial_latest=0)
+    storage = storage_from_spec(None, default_dir=here / "checkpoints")
+    collect_garbage(store, storage, 1, [fork.id], nothing)
+    assert store.checkpoint(parent_checkpoint.uuid).state == "COMPLETED"  # the fork started from it
+
+    # the uuid with --from-run-dir, and the bare uuid of the copy: both the other folder's checkpoint again
+    from determined_trials.experiment._fork import fork_plan
+
+    for plan in (fork_plan(checkpoint=parent_checkpoint.uuid, from_run_dir=other, run_dir=here, max_length=5),
+                 fork_plan(checkpoint=parent_checkpoint.uuid, run_dir=here, max_length=4)):
+        assert plan.foreign is not None and plan.foreign.run_dir == str(other)
+        assert (plan.start.checkpoint, plan.start.parent_trial_id, plan.start.seed) == (
+            parent_checkpoint.uuid, None, parent.seed)
+        assert plan.model_dir == other / "experiments" / "1" / "model"
+
+def test_forking_what_is_not_another_run_folders_checkpoint_is_an_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    other, here = tmp_path / "other", tmp_path / "here"
+    LocalStore(other).close()
+    (other / "checkpoints" / "not-one").mkdir(parents=True)
+    loose = tmp_path / "loose" / "abc"
+    loose.mkdir(parents=True)
+    (loose / "metadata.json").write_text("{}")
+    for args, message in (
+            ((str(other / "checkpoints" / "not-one"),), "is not a checkpoint folder: it holds no metadata.json"),
+            ((str(other / "checkpoints" / "gone"),), "is not a checkpoint folder: it does not exist"),
+            ((str(loose),), "no folder above it is a run folder"),
+            (("abc", "--from-run-dir", str(other)), f"run folder {other} has no checkpoint abc"),
+            ((str(loose), "--from-run-dir", str(other)), f"run folder {other} has no checkpoint abc"),
+            (("abc", "--from-run-dir", str(tmp_path / "nowhere")), "does not exist")):
+        assert _fork(here, "--checkpoint", *args) != 0
+        assert message in capsys.readouterr().err
+    assert not here.exists()  # nothing made
+    assert _fork(here, "--from-run-dir", str(other), "1") != 0
+    assert "--from-run-dir names where --checkpoint is" in capsys.readouterr().err
