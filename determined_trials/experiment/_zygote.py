@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import importlib
 import json
 import os
 import select
@@ -28,6 +29,10 @@ from typing import Any
 __all__ = ["file_digest", "main"]
 
 _MAX_MESSAGE = 1 << 20
+# What a PyTorchTrial imports lazily before its first batch (an optimizer's first step; the store's TensorBoard
+# scalars, never TensorFlow), imported here too: none starts a thread.
+_LAZY_IMPORTS = ("torch._dynamo", "tensorboard.compat.proto.event_pb2", "tensorboard.compat.proto.summary_pb2",
+                 "tensorboard.summary.writer.record_writer")
 
 
 def file_digest(path: str) -> str:
@@ -53,6 +58,11 @@ def _warm_up(spec_text: str, folder: Path) -> dict[str, Any]:
     from determined_trials import pytorch  # noqa: F401
     from determined_trials.launch import import_trial_class, parse_trial_spec
 
+    for name in _LAZY_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
     base = _native_threads()  # torch and numpy's BLAS pools reset themselves at fork: they are allowed
     try:
         import_trial_class(parse_trial_spec(spec_text, folder))
@@ -62,9 +72,8 @@ def _warm_up(spec_text: str, folder: Path) -> dict[str, Any]:
         return {"cold": f"importing {spec_text} starts a thread, which a fork cannot copy; its trials start "
                         "cold (`resources: {warm_processes: false}` skips the attempt)"}
     inside = str(folder.resolve()) + os.sep
-    files = sorted({str(Path(m.__file__).resolve()) for m in list(sys.modules.values())
-                    if isinstance(getattr(m, "__file__", None), str)
-                    and str(Path(m.__file__).resolve()).startswith(inside)})
+    paths = [Path(m.__file__) for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)]
+    files = sorted({str(p.resolve()) for p in paths if p.is_absolute() and str(p.resolve()).startswith(inside)})
     return {"ready": [[path, file_digest(path)] for path in files]}
 
 
