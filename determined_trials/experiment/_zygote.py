@@ -52,7 +52,7 @@ def _native_threads() -> int:
 
 def _warm_up(spec_text: str, folder: Path) -> dict[str, Any]:
     """Import what every trial imports, then the model_def; what to tell the runner."""
-    import torch  # noqa: F401  - the point: imported once, shared by every forked trial
+    import torch  # the point: imported once, shared by every forked trial
 
     import determined_trials.launch.harness  # noqa: F401
     from determined_trials import pytorch  # noqa: F401
@@ -68,6 +68,8 @@ def _warm_up(spec_text: str, folder: Path) -> dict[str, Any]:
         import_trial_class(parse_trial_spec(spec_text, folder))
     except BaseException as exc:  # noqa: BLE001 - the trial shows its own import error, cold
         return {"cold": f"importing {spec_text} failed ({type(exc).__name__}); its trials start cold"}
+    if torch.cuda.is_initialized():
+        return {"cold": f"importing {spec_text} initializes CUDA, which a fork cannot copy; its trials start cold"}
     if threading.active_count() > 1 or _native_threads() > base:
         return {"cold": f"importing {spec_text} starts a thread, which a fork cannot copy; its trials start "
                         "cold (`resources: {warm_processes: false}` skips the attempt)"}
@@ -81,16 +83,17 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.send(json.dumps(message).encode())
 
 
-def _run_trial(request: dict[str, Any], out_fd: int, closing: list[int], preexec: Any) -> None:
+def _run_trial(request: dict[str, Any], out_fd: int, closing: list[int], preexec: Any, started: int) -> None:
     """In the forked child: become the trial process the runner would have started, run the harness, exit."""
     code: Any = 1
     try:
         os.setsid()  # a process group of its own: the runner's signals reach it and its children
         preexec()  # SIGTERM when the warm parent dies (it dies with the runner)
+        os.close(started)  # the group exists: the parent may give the runner the pid
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGPIPE):
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it at its start
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a new interpreter has them
         for fd in closing:
             os.close(fd)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -151,6 +154,22 @@ def _reap(sock: socket.socket) -> None:
         _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
+def _fork(request: dict[str, Any], out_fd: int, closing: list[int], preexec: Any) -> int:
+    """Fork the trial's process; its pid once it is in a session of its own (so the runner can signal it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    started_r, started_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(started_r)
+        _run_trial(request, out_fd, closing, preexec, started_w)
+    os.close(started_w)
+    os.close(out_fd)
+    os.read(started_r, 1)  # b"" once the child closed its end (or died)
+    os.close(started_r)
+    return pid
+
+
 def _serve(sock: socket.socket) -> None:
     """Fork a trial per request, report each one's exit; return when the runner closes its end."""
     from determined_trials.launch import die_with_parent
@@ -169,13 +188,7 @@ def _serve(sock: socket.socket) -> None:
             data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 1)
             if not data:
                 return
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                _run_trial(json.loads(data), fds[0], [sock.fileno(), wake_r, wake_w], preexec)
-            os.close(fds[0])
-            _send(sock, {"pid": pid})
+            _send(sock, {"pid": _fork(json.loads(data), fds[0], [sock.fileno(), wake_r, wake_w], preexec)})
 
 
 def main(argv: list[str]) -> int:

@@ -15,9 +15,31 @@ import yaml
 from support.helpers_experiment import create
 from support.helpers_paths import SUPPORT
 
+from determined_trials.config import load_config
 from determined_trials.core import LocalStore
+from determined_trials.experiment._warm import warm_spec
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.usefixtures("cpu_device")]
+_SLOW = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.usefixtures("cpu_device")]
+
+
+def _slow(test: Any) -> Any:
+    for mark in _SLOW:
+        test = mark(test)
+    return test
+
+
+def test_only_a_one_slot_model_def_entrypoint_starts_warm() -> None:
+    assert warm_spec(" model_def:MyTrial ", 1) == "model_def:MyTrial"
+    assert warm_spec("model_def:MyTrial", 2) is None  # torchrun starts the ranks
+    assert warm_spec("python3 train.py", 1) is None
+    assert warm_spec(["python3", "-m", "determined_trials.launch.torch_distributed", "--trial", "m:T"], 1) is None
+
+
+def test_warm_processes_is_on_by_default_and_can_be_switched_off() -> None:
+    searcher = {"name": "single", "metric": "loss", "max_length": 1}
+    assert load_config({"searcher": searcher}).resources.warm_processes is True
+    off = load_config({"searcher": searcher, "resources": {"warm_processes": False}})
+    assert off.resources.warm_processes is False
 
 
 def _experiment(tmp_path: Path, modes: list[str], *, lr: list[float] | None = None, warm: bool | None = None,
@@ -63,6 +85,7 @@ def _metrics(store: LocalStore, trial_id: int) -> list[tuple[Any, ...]]:
     return [(m.group, m.steps_completed, m.metrics, m.batch_metrics) for m in store.metrics(trial_id)]
 
 
+@_slow
 def test_warm_trials_train_bitwise_like_cold_ones(tmp_path: Path) -> None:
     warm, warm_marks = _run(tmp_path / "warm", ["ok"], lr=[0.1, 0.3])
     cold, cold_marks = _run(tmp_path / "cold", ["ok"], lr=[0.1, 0.3], warm=False)
@@ -76,6 +99,7 @@ def test_warm_trials_train_bitwise_like_cold_ones(tmp_path: Path) -> None:
         assert _metrics(warm, trial.id)
 
 
+@_slow
 def test_a_crashing_leaking_or_killed_trial_leaves_the_next_one_untouched(tmp_path: Path) -> None:
     store, marks = _run(tmp_path, ["crash", "leak", "kill", "ok"])
     trials = {t.hparams["mode"]: t for t in store.trials()}
@@ -86,6 +110,7 @@ def test_a_crashing_leaking_or_killed_trial_leaves_the_next_one_untouched(tmp_pa
         assert seen == [{"warm": True, "leak": 0, "package_leak": 0, "helper": 1}] * len(seen), trial_id
 
 
+@_slow
 def test_an_edited_model_folder_is_imported_again(tmp_path: Path) -> None:
     store, marks = _run(tmp_path, ["edit", "ok"])
     by_mode = {t.hparams["mode"]: marks[t.id] for t in store.trials()}
@@ -93,6 +118,7 @@ def test_an_edited_model_folder_is_imported_again(tmp_path: Path) -> None:
     assert by_mode["ok"] == [{"warm": True, "leak": 0, "package_leak": 0, "helper": 2}]  # not the stale import
 
 
+@_slow
 def test_a_model_def_that_starts_a_thread_starts_cold_with_one_warning(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     prelude = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
