@@ -1,7 +1,7 @@
 """The experiment runner's cost per trial: a search of many short trials, cold against warm trial processes,
 and trial process start to its first batch, fresh and promoted.
 
-Usage: python benchmarks/trial_start.py [--trials 100] [--rounds 7] [--quick]
+Usage: python benchmarks/trial_start.py [--trials 100] [--only cold|warm] [--rounds 7] [--quick]
 
 The search (``--trials N``, 0 to skip): ``det-trials experiment create`` of a random search of N trials of 20
 batches that sleep 50 ms each (about one second of training; the loop's ``train`` time part measures it), one
@@ -169,16 +169,19 @@ def _search(work: Path, trials: int, warm: bool) -> dict[str, float]:
     return {"wall": wall, "first_batch": statistics.median(firsts), "trials": len(firsts), **parts}
 
 
-def _print_search(trials: int, work: Path) -> None:
+def _print_search(trials: int, work: Path, only: str | None) -> None:
     rows = {}
-    for warm in (False, True):
-        row = rows["warm" if warm else "cold"] = _search(work, trials, warm)
-        print(f"search of {int(row['trials'])} trials, {'warm' if warm else 'cold'}: experiment wall {row['wall']:.1f} s "
+    for warm in [m == "warm" for m in ("cold", "warm") if only in (None, m)]:
+        mode = "warm" if warm else "cold"
+        row = rows[mode] = _search(work, trials, warm)
+        print(f"search of {int(row['trials'])} trials, {mode}: experiment wall {row['wall']:.1f} s "
               f"= {row['wall'] / row['train']:.2f}x the trials' training ({row['train']:.1f} s); trial start to "
               f"first batch, median {row['first_batch']:.2f} s; summed parts: "
               + ", ".join(f"{k} {row[k]:.1f} s" for k in ("queued", "start", "build", "train", "validation",
                                                            "checkpoint", "other", "wall"))
               + f"; goodput {row['goodput']:.2f}", flush=True)
+    if len(rows) < 2:
+        return
     cold, warm = rows["cold"], rows["warm"]
     print(f"warm / cold: experiment wall {warm['wall'] / cold['wall']:.2f}x, trial start to first batch "
           f"{warm['first_batch'] / cold['first_batch']:.2f}x\n", flush=True)
@@ -210,6 +213,7 @@ def main() -> None:
     """Run the interleaved rounds; print the trial start cost against a plain script's."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=100, help="trials of the cold/warm search (0: skip it)")
+    parser.add_argument("--only", choices=("cold", "warm"), help="run the search in this mode only")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of the ASHA start measurement (0: skip)")
     parser.add_argument("--quick", action="store_true", help="smoke run: a search of 4 trials, 1 round")
     args = parser.parse_args()
@@ -217,7 +221,7 @@ def main() -> None:
         args.trials, args.rounds = 4, 1
     if args.trials > 0:
         with tempfile.TemporaryDirectory(prefix="det-search-bench-") as tmp:
-            _print_search(args.trials, Path(tmp))
+            _print_search(args.trials, Path(tmp), args.only)
     if args.rounds <= 0:
         return
     rows: dict[str, list[float]] = {"fresh": [], "promoted": [], "plain": [], "per_process": []}
