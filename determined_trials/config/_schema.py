@@ -81,7 +81,7 @@ class Resources(StrictModel):
     warm_processes: bool = Field(
         default=True, description="start each local trial process from a warm parent that imported torch and the "
                                   "model_def once (forked, still a process per trial); `false`: a new interpreter "
-                                  "per trial (docs/experiments.md)")
+                                  "per trial (docs/performance.md#warm-trial-processes)")
     resource_pool: str | None = Field(default=None, description="ignored locally")
     priority: int | None = Field(default=None, description="ignored locally")
     shm_size: Annotated[int | str | None, BeforeValidator(_shm_size)] = Field(
