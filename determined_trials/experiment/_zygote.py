@@ -74,7 +74,7 @@ def _warm_up(spec_text: str, folder: Path) -> dict[str, Any]:
         return {"cold": f"importing {spec_text} starts a thread, which a fork cannot copy; its trials start "
                         "cold (`resources: {warm_processes: false}` skips the attempt)"}
     inside = str(folder.resolve()) + os.sep
-    paths = [Path(m.__file__) for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)]
+    paths = [Path(f) for f in (getattr(m, "__file__", None) for m in list(sys.modules.values())) if isinstance(f, str)]
     files = sorted({str(p.resolve()) for p in paths if p.is_absolute() and str(p.resolve()).startswith(inside)})
     return {"ready": [[path, file_digest(path)] for path in files]}
 
@@ -180,11 +180,11 @@ def _serve(sock: socket.socket) -> None:
     signal.set_wakeup_fd(wake_w)
     preexec = die_with_parent(signal.SIGTERM)
     while True:
-        readable, _, _ = select.select([sock, wake_r], [], [])
+        readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
             _reap(sock)
-        if sock in readable:
+        if sock.fileno() in readable:
             data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 1)
             if not data:
                 return
