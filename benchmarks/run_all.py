@@ -22,7 +22,8 @@ PARTS = (
     ("resume cost", ["resume_cost.py"]),
     ("trial start", ["trial_start.py"]),
 )
-_SUMMARY_PREFIXES = ("trial / raw", "trial-ckpt / raw-ckpt", "async ", "resume into", "trial process start")
+_SUMMARY_PREFIXES = ("trial / raw", "trial-ckpt / raw-ckpt", "async ", "resume into", "trial process start",
+                     "search of", "warm / cold")
 
 
 def main() -> None:

@@ -1,6 +1,15 @@
-"""The experiment runner's cost per trial: trial process start to its first batch, fresh and promoted.
+"""The experiment runner's cost per trial: a search of many short trials, cold against warm trial processes,
+and trial process start to its first batch, fresh and promoted.
 
-Usage: python benchmarks/trial_start.py [--rounds 7] [--quick]
+Usage: python benchmarks/trial_start.py [--trials 100] [--only cold|warm] [--rounds 7] [--quick]
+
+The search (``--trials N``, 0 to skip): ``det-trials experiment create`` of a random search of N trials of 20
+batches that sleep 50 ms each (about one second of training; the loop's ``train`` time part measures it), one
+trial at a time, with ``resources: {warm_processes: false}`` (cold: a new interpreter per trial) and with warm
+trial processes (forked from a warm parent), in the same run. Printed per mode: experiment wall time over the
+sum of the trials' training time (the store's ``train`` parts), the median of each trial's seconds from the
+runner starting its process (``DET_TRIAL_SPAWNED_AT``) to its first batch, and the summed time parts; then warm
+over cold.
 
 Each round runs ``det-trials experiment create`` on an adaptive ASHA search of 2 tiny PyTorchTrials
 (2 rungs, divisor 2: both trials to 4 batches, the better one promoted and resumed from its checkpoint
@@ -21,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -90,6 +100,93 @@ _CONFIG = {
 }
 
 
+_SEARCH_TRIAL = '''
+import json, os, time, torch
+from determined_trials import pytorch
+
+class SleepTrial(pytorch.PyTorchTrial):
+    def __init__(self, context):
+        self.context = context
+        self.model = context.wrap_model(torch.nn.Linear(4, 1))
+        self.optimizer = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=context.get_hparam("lr")))
+        self.data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+
+    def build_training_data_loader(self):
+        return pytorch.DataLoader(self.data, batch_size=8, shuffle=True)
+
+    def build_validation_data_loader(self):
+        return pytorch.DataLoader(self.data, batch_size=32)
+
+    def train_batch(self, batch, epoch_idx, batch_idx):
+        if batch_idx == 0:
+            with open(os.environ["BENCH_OUT"], "a") as f:
+                f.write(json.dumps({"to_first_batch": time.time() - float(os.environ["DET_TRIAL_SPAWNED_AT"])}) + "\\n")
+        time.sleep(0.05)
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        self.context.backward(loss)
+        self.context.step_optimizer(self.optimizer)
+        return loss
+
+    def evaluate_batch(self, batch):
+        x, y = batch
+        return {"validation_loss": torch.nn.functional.mse_loss(self.model(x), y)}
+'''
+
+
+def _search_config(trials: int, warm: bool) -> dict[str, Any]:
+    return {
+        "name": f"search-{'warm' if warm else 'cold'}", "entrypoint": "model_def:SleepTrial",
+        "hyperparameters": {"global_batch_size": 8, "lr": {"type": "double", "minval": 0.001, "maxval": 0.1}},
+        "searcher": {"name": "random", "metric": "validation_loss", "max_trials": trials,
+                     "max_length": {"batches": 20}, "max_concurrent_trials": 1},
+        "reproducibility": {"experiment_seed": 3}, "max_restarts": 0, "resources": {"warm_processes": warm},
+    }
+
+
+def _search(work: Path, trials: int, warm: bool) -> dict[str, float]:
+    """One search; its wall, training sum, median start to first batch and summed time parts."""
+    from determined_trials.core import LocalStore
+
+    mode = "warm" if warm else "cold"
+    folder = work / f"search-{mode}"
+    (folder / "ctx").mkdir(parents=True)
+    (folder / "ctx" / "model_def.py").write_text(_SEARCH_TRIAL)
+    (folder / "config.json").write_text(json.dumps(_search_config(trials, warm)))
+    out = folder / "starts.jsonl"
+    env = {**os.environ, "BENCH_OUT": str(out), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "determined_trials.cli.main", "--run-dir", str(folder / "run"), "experiment",
+           "create", str(folder / "config.json"), str(folder / "ctx"), "--no-progress", "--max-parallel", "1"]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=7200)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"search failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    store = LocalStore(folder / "run")
+    parts = store.experiment_time(store.experiments()[0].id, now=time.time())
+    store.close()
+    firsts = [json.loads(line)["to_first_batch"] for line in out.read_text().splitlines()]
+    return {"wall": wall, "first_batch": statistics.median(firsts), "trials": len(firsts), **parts}
+
+
+def _print_search(trials: int, work: Path, only: str | None) -> None:
+    rows = {}
+    for warm in [m == "warm" for m in ("cold", "warm") if only in (None, m)]:
+        mode = "warm" if warm else "cold"
+        row = rows[mode] = _search(work, trials, warm)
+        print(f"search of {int(row['trials'])} trials, {mode}: experiment wall {row['wall']:.1f} s "
+              f"= {row['wall'] / row['train']:.2f}x the trials' training ({row['train']:.1f} s); trial start to "
+              f"first batch, median {row['first_batch']:.2f} s; summed parts: "
+              + ", ".join(f"{k} {row[k]:.1f} s" for k in ("queued", "start", "build", "train", "validation",
+                                                           "checkpoint", "other", "wall"))
+              + f"; goodput {row['goodput']:.2f}", flush=True)
+    if len(rows) < 2:
+        return
+    cold, warm = rows["cold"], rows["warm"]
+    print(f"warm / cold: experiment wall {warm['wall'] / cold['wall']:.2f}x, trial start to first batch "
+          f"{warm['first_batch'] / cold['first_batch']:.2f}x\n", flush=True)
+
+
 def _experiment(work: Path) -> tuple[list[dict[str, float]], float]:
     out = work / "starts.jsonl"
     env = {**os.environ, "BENCH_OUT": str(out), "OMP_NUM_THREADS": "1"}
@@ -115,11 +212,18 @@ def _plain(work: Path) -> float:
 def main() -> None:
     """Run the interleaved rounds; print the trial start cost against a plain script's."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--quick", action="store_true", help="smoke run: 1 round")
+    parser.add_argument("--trials", type=int, default=100, help="trials of the cold/warm search (0: skip it)")
+    parser.add_argument("--only", choices=("cold", "warm"), help="run the search in this mode only")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of the ASHA start measurement (0: skip)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: a search of 4 trials, 1 round")
     args = parser.parse_args()
     if args.quick:
-        args.rounds = 1
+        args.trials, args.rounds = 4, 1
+    if args.trials > 0:
+        with tempfile.TemporaryDirectory(prefix="det-search-bench-") as tmp:
+            _print_search(args.trials, Path(tmp), args.only)
+    if args.rounds <= 0:
+        return
     rows: dict[str, list[float]] = {"fresh": [], "promoted": [], "plain": [], "per_process": []}
     with tempfile.TemporaryDirectory(prefix="det-start-bench-") as tmp:
         work = Path(tmp)

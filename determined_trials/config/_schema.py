@@ -95,6 +95,10 @@ class Resources(StrictModel):
                                         "trial whose slots do not fit one node (or this cap) is split evenly "
                                         "over several nodes, one launcher per node, e.g. `max_slots_per_node: 8`"
                                         " (default: a node's CPUs, or GPUs); ignored by the local executor")
+    warm_processes: bool = Field(
+        default=True, description="start each local trial process from a warm parent that imported torch and the "
+                                  "model_def once (forked, still a process per trial); `false`: a new interpreter "
+                                  "per trial (docs/performance.md#warm-trial-processes)")
     resource_pool: str | None = Field(default=None, description="ignored locally")
     priority: int | None = Field(default=None, description="ignored locally")
     shm_size: Annotated[int | str | None, BeforeValidator(_shm_size)] = Field(

@@ -4,12 +4,14 @@ executor (one process per trial on this machine, writing straight into the run f
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from determined_trials.experiment._launch import TrialLaunch, trial_command, trial_environment
 from determined_trials.experiment._process import TrialProcess
+from determined_trials.experiment._warm import WarmParents, warm_spec
 
 __all__ = ["LocalExecutor", "TrialExecutor", "TrialHandle", "TrialJob"]
 
@@ -70,18 +72,35 @@ class TrialExecutor(Protocol):
 
 
 class LocalExecutor:
-    """Each trial is a process on this machine (the default)."""
+    """Each trial is a process on this machine (the default), forked from a warm parent that imported
+    torch, this package and the model_def once (``_warm``), unless ``resources.warm_processes`` is false
+    or the trial cannot start warm (then started cold, as a new interpreter)."""
+
+    def __init__(self) -> None:
+        self._warm: WarmParents | None = None
 
     def prepare(self, config: Any, storage: Any) -> None:
         """Nothing to check: the run folder and checkpoint storage are on this machine."""
+        if config.resources.warm_processes and self._warm is None:
+            self._warm = WarmParents(_warn)
 
     def start(self, job: TrialJob) -> TrialHandle:
         """Start the trial's process with its environment; its output goes to the terminal and its log."""
         extra = {"CUDA_VISIBLE_DEVICES": ",".join(job.gpus)} if job.gpus else None
         env = trial_environment(job.launch, run_dir=job.run_dir, info_path=job.trial_dir / "cluster_info.json",
                                 config_path=job.config_path, extra=extra)
+        spec = warm_spec(job.entrypoint, job.slots) if self._warm is not None else None
+        child = None if spec is None or self._warm is None else self._warm.fork(
+            spec, job.model_dir, env, job.log_path.parent)
         return TrialProcess(trial_command(job.entrypoint), env=env, cwd=job.model_dir, log_path=job.log_path,
-                            prefix=job.prefix, echo=job.echo)
+                            prefix=job.prefix, echo=job.echo, child=child)
 
     def close(self) -> None:
-        """Nothing held."""
+        """End the warm parents."""
+        if self._warm is not None:
+            self._warm.close()
+            self._warm = None
+
+
+def _warn(message: str) -> None:
+    print(f"det-trials: warning: {message}", file=sys.stderr, flush=True)

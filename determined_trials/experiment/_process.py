@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from determined_trials.launch import FAILED_RANK_LINE, die_with_parent
 
@@ -40,6 +40,7 @@ class TrialProcess:
         log_path: Path,
         prefix: str,
         echo: Callable[[str], None],
+        child: Any = None,
     ) -> None:
         self.cmd = list(cmd)
         self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
@@ -49,7 +50,8 @@ class TrialProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the reader thread
-        self._proc = subprocess.Popen(
+        # `child`: a process already started (forked warm, ``_warm``) with Popen's pid, stdout, poll and wait
+        self._proc = child or subprocess.Popen(
             self.cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
             preexec_fn=die_with_parent(signal.SIGTERM),  # the runner killed: checkpoint and stop, no orphan

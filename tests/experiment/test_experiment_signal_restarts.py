@@ -103,8 +103,9 @@ def test_a_rank_killed_twice_by_sigkill_before_its_first_report_restarts_and_com
     assert (trial.state, trial.restarts) == ("COMPLETED", 2), log
     assert store.experiment(1).state == "COMPLETED"
     assert (tmp_path / "killed" / "kills" / f"attempts_rank{kill_rank}").read_text() == "3"
-    # the launcher's report of each kill: the rank's status 128 + SIGKILL, not a Python exception
-    assert log.count(f"rank {kill_rank} failed with exit code 137") == 2, log
+    # the launcher's report of each kill: the rank's status 128 + SIGKILL, not a Python exception (one rank
+    # starts warm, forked without a launcher: its own status is -SIGKILL, which the runner reports)
+    assert log.count(f"rank {kill_rank} failed with exit code 137") == (2 if slots > 1 else 0), log
     clean, _ = _run(tmp_path / "clean", kill_times=0, slots=slots, kill_rank=kill_rank)
     killed_weights, clean_weights = _final_weights(store), _final_weights(clean)
     assert killed_weights.keys() == clean_weights.keys()
