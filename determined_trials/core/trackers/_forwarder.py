@@ -58,6 +58,8 @@ class TrackerForwarder:
         self._outcome: Outcome | None = None
         self._deadline = float("inf")
         self._thread = threading.Thread(target=self._loop, name=f"det-trackers-{trial_id}", daemon=True)
+        self.first_pass = threading.Event()
+        """Set once the first look at the store is over (the runs attached, or the tracker found away)."""
 
     def start(self) -> TrackerForwarder:
         self._thread.start()
@@ -87,6 +89,7 @@ class TrackerForwarder:
             for run in self._runs:
                 if not run.closed and now >= run.retry_at:
                     self._step(run, outcome)
+            self.first_pass.set()
             if all(run.closed for run in self._runs):
                 return
             if outcome is not None:  # finishing: retry every second until the deadline
