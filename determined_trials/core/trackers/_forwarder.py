@@ -1,7 +1,8 @@
-"""``TrackerForwarder``: a daemon thread on the chief rank that sends a trial's metric rows and checkpoints from the
-store to its tracker runs as they are stored, records how far each run has got, and retries while a tracker is away.
+"""``TrackerForwarder``: a daemon thread (in the trial's tracker helper process, or the runner's) that sends a trial's
+metric rows and checkpoints from the store to its tracker runs as they are stored, records how far each run has got,
+and retries while a tracker is away.
 
-Nothing here runs on the training thread: the loop only writes to the store, as without trackers. Each row goes
+Nothing here runs in the training process: the loop only writes to the store, as without trackers. Each row goes
 out within about a second of being stored; the steps a restart reports again are not sent twice (``_progress``).
 """
 

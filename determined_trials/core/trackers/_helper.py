@@ -92,14 +92,13 @@ def start_tracker_helper(facts: TrialFacts, config: ExperimentConfig,
                          flush_due: Callable[[], None] | None = None) -> TrackerHelper:
     """Start the trial's tracker helper and wait until its clients are built (an error raises here, before the
     first batch, as a client built in the trial did)."""
-    import determined_trials
-
-    package_root = str(Path(determined_trials.__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[3])  # the folder that holds determined_trials
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen(  # the trial's process group: the signals a launcher sends it reach the helper too,
-        [sys.executable, "-m", "determined_trials.core.trackers", str(os.getpid())],  # which ignores them
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
+    proc = subprocess.Popen(  # a session of its own: a signal to the trial's group (Ctrl-C, a runner's or a
+        [sys.executable, "-m", "determined_trials.core.trackers", str(os.getpid())],  # launcher's kill) leaves it
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1,  # to send what is stored
+        start_new_session=True)
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(facts_line(facts, config))
     proc.stdin.flush()

@@ -54,8 +54,7 @@ def _outcome_word(stdin: IO[str], parent_pid: int) -> Outcome:
 def serve(parent_pid: int) -> int:
     """Run the helper of the trial process ``parent_pid``: read its facts, build the clients, say ``ready``, forward
     until the trial's outcome (or its death), then send the rest and end each run."""
-    for sig in (signal.SIGINT, signal.SIGTERM):  # the trial's group gets these; the trial says when to stop
-        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trial says when to stop (a terminal's Ctrl-C is the trial's)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     reply = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a client's prints go with the trial's output, not to the pipe
