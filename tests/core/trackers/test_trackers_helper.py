@@ -117,11 +117,11 @@ def test_a_kill_9_of_a_plain_script_leaves_its_helper_to_send_the_stored_reports
         assert not _mlflow_has(store, server, [1, 2, 3])  # nothing could be sent while the server was away
         relay.restore()
         _wait_for("steps 1..3 in MLflow after the kill", lambda: _mlflow_has(store, server, [1, 2, 3]), 120)
+        from mlflow.tracking import MlflowClient
+
+        run_id = store.tracker_run(1, "mlflow")["run_id"]
+        _wait_for("the run marked KILLED", lambda: MlflowClient(tracking_uri=server).get_run(
+            run_id).info.status == "KILLED", 120)  # through the relay: it stays up until then
     finally:
         proc.kill()
         relay.close()
-    from mlflow.tracking import MlflowClient
-
-    run_id = store.tracker_run(1, "mlflow")["run_id"]
-    _wait_for("the run marked KILLED", lambda: MlflowClient(tracking_uri=server).get_run(
-        run_id).info.status == "KILLED", 120)
