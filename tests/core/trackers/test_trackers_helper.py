@@ -34,7 +34,8 @@ with det.core.init(config=config, run_dir=sys.argv[1]) as ctx:
     print(json.dumps({"event": "reported", "mlflow": "mlflow" in sys.modules,
                       "threads": sorted(t.name for t in threading.enumerate())}), flush=True)
     sys.stdin.readline()  # steps 1..3 are in MLflow: the helper is warm
-    ctx.train.report_training_metrics(4, {"loss": 0.25})  # held (the last store was less than a second ago)
+    ctx.train.flush_reports()
+    ctx.train.report_training_metrics(4, {"loss": 0.25})  # held: the last store was just now, and no report follows
     print(json.dumps({"event": "step 4", "at": time.time()}), flush=True)
     sys.stdin.readline()
 """
