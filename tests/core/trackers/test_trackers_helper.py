@@ -126,3 +126,11 @@ def test_a_kill_9_of_a_plain_script_leaves_its_helper_to_send_the_stored_reports
     finally:
         proc.kill()
         relay.close()
+
+
+def test_a_trial_without_hyperparameters_has_the_seed_as_its_only_param() -> None:
+    """No param with an empty key (MLflow refused the run's whole params batch, so no run was ever created)."""
+    from determined_trials.core.trackers._sink import flat_params
+
+    assert flat_params({}, 3) == {"seed": "3"}
+    assert flat_params({"net": {"width": 4}, "opt": {}}, 3) == {"net.width": "4", "opt": "{}", "seed": "3"}
