@@ -65,7 +65,6 @@ def test_each_report_reaches_mlflow_within_5_s_with_no_checkpoint(server: str, t
                 and mlflow_steps(server, run["run_id"], "training/loss")[-1:] == [(s, 1.0 / s)]), 60))
             time.sleep(0.5 if step % 3 else 0.05)  # the pace of the reports (not a synchronisation)
         assert store.checkpoints(trial_id=1) == []
-    print('UNSORTED', waits)
     waits.sort()
     p95 = waits[math.ceil(0.95 * len(waits)) - 1]
     print(f"report to MLflow: median {waits[len(waits) // 2]:.2f} s, p95 {p95:.2f} s, max {waits[-1]:.2f} s")
