@@ -41,11 +41,11 @@ from determined_trials.core.store import (
 )
 from determined_trials.core.trackers import (
     Outcome,
-    TrackerForwarder,
+    TrackerHelper,
     TrialFacts,
     check_trackers,
     fork_parent_runs,
-    open_forwarder,
+    start_tracker_helper,
 )
 from determined_trials.errors import InvalidHP, TrainingInterrupted
 
@@ -103,7 +103,7 @@ class Context:
         self._closed = False
         self._config_written = config_written  # False when init() made up the config (no config, no launcher)
         self._tracking = tracking  # the config naming trackers, the run folder
-        self._trackers: TrackerForwarder | None = None
+        self._trackers: TrackerHelper | None = None
         self._ending = Outcome.PAUSED  # until __exit__ says how the trial ended
         self.opened_at = time.time()  # when building the trial began (a trainer's init() sets it before core.init)
 
@@ -168,16 +168,16 @@ class Context:
             self._trackers = self._start_trackers()
         return self
 
-    def _start_trackers(self) -> TrackerForwarder | None:
-        """The chief's forwarder of this trial's tracker runs (once the trial is settled and in use)."""
+    def _start_trackers(self) -> TrackerHelper | None:
+        """The chief's helper process of this trial's tracker runs (once the trial is settled and in use)."""
         if self._tracking is None or self.distributed.get_rank() != 0:
             return None
         (config, run_path), trial = self._tracking, self.info.trial
         facts = TrialFacts(trial=trial, experiment_name=self.store.experiment(trial.experiment_id).name,
                            searcher_metric=config.searcher.metric, run_dir=str(run_path),
                            parent_runs=fork_parent_runs(self.store, trial.trial_id))
-        before_pass = self._parts.train._flush_due_reports if self._parts is not None else None
-        return open_forwarder(self.store, facts, config.integrations, before_pass=before_pass)
+        flush_due = self._parts.train._flush_due_reports if self._parts is not None else None
+        return start_tracker_helper(facts, config, flush_due)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

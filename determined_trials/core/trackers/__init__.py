@@ -1,12 +1,14 @@
 """Experiment trackers (MLflow, Weights & Biases): one tracker run per trial, resumed by every later attempt of
-the trial, fed from the store by a background forwarder on the chief rank (``_forwarder``) with each metric row as it
-is stored and no step twice (``_progress``); the runs' clients (``_mlflow``, ``_wandb``: imported lazily, only when
-configured) and the checks made before any trial runs (``_setup``).
+the trial, fed from the store by a forwarder (``_forwarder``) with each metric row as it is stored and no step twice
+(``_progress``), in a helper process the chief rank starts and stops (``_helper``, ``_helper_main``: the clients run
+off the training process); the runs' clients (``_mlflow``, ``_wandb``: imported lazily, only in the helper and the
+runner) and the checks made before any trial runs (``_setup``).
 
-May import: errors, _info, config, core.store
+May import: errors, _info, config, core.store, core.channel
 """
 
 from determined_trials.core.trackers._forwarder import Outcome, TrackerForwarder
+from determined_trials.core.trackers._helper import TrackerHelper, start_tracker_helper
 from determined_trials.core.trackers._setup import (
     TrialFacts,
     check_trackers,
@@ -15,5 +17,5 @@ from determined_trials.core.trackers._setup import (
     settle_trial_runs,
 )
 
-__all__ = ["Outcome", "TrackerForwarder", "TrialFacts", "check_trackers", "fork_parent_runs", "open_forwarder",
-           "settle_trial_runs"]
+__all__ = ["Outcome", "TrackerForwarder", "TrackerHelper", "TrialFacts", "check_trackers", "fork_parent_runs",
+           "open_forwarder", "settle_trial_runs", "start_tracker_helper"]

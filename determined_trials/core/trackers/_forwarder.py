@@ -1,7 +1,8 @@
-"""``TrackerForwarder``: a daemon thread on the chief rank that sends a trial's metric rows and checkpoints from the
-store to its tracker runs as they are stored, records how far each run has got, and retries while a tracker is away.
+"""``TrackerForwarder``: a daemon thread (in the trial's tracker helper process, or the runner's) that sends a trial's
+metric rows and checkpoints from the store to its tracker runs as they are stored, records how far each run has got,
+and retries while a tracker is away.
 
-Nothing here runs on the training thread: the loop only writes to the store, as without trackers. Each row goes
+Nothing here runs in the training process: the loop only writes to the store, as without trackers. Each row goes
 out within about a second of being stored; the steps a restart reports again are not sent twice (``_progress``).
 """
 
@@ -58,6 +59,8 @@ class TrackerForwarder:
         self._outcome: Outcome | None = None
         self._deadline = float("inf")
         self._thread = threading.Thread(target=self._loop, name=f"det-trackers-{trial_id}", daemon=True)
+        self.first_pass = threading.Event()
+        """Set once the first look at the store is over (the runs attached, or the tracker found away)."""
 
     def start(self) -> TrackerForwarder:
         self._thread.start()
@@ -87,6 +90,7 @@ class TrackerForwarder:
             for run in self._runs:
                 if not run.closed and now >= run.retry_at:
                     self._step(run, outcome)
+            self.first_pass.set()
             if all(run.closed for run in self._runs):
                 return
             if outcome is not None:  # finishing: retry every second until the deadline

@@ -106,7 +106,7 @@ def flat_params(hparams: dict[str, Any], seed: int) -> dict[str, str]:
         if isinstance(value, dict) and value:
             for key, inner in value.items():
                 walk(f"{prefix}.{key}" if prefix else str(key), inner)
-        else:
+        elif prefix:  # no hyperparameters at all: no param with an empty key (MLflow refuses the whole batch)
             flat[prefix] = str(value)
 
     walk("", hparams)
