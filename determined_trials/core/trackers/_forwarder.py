@@ -172,15 +172,16 @@ class TrackerForwarder:
         return self._store.metrics_at(self._trial_id, row.group, row.steps_completed, row.id)
 
     def _send_checkpoints(self, run: _Run) -> None:
-        """Record each new checkpoint; mark those recorded that retention deleted since (kept as ``deleted:<uuid>``
-        beside the uuids the sink has, so each is marked once)."""
+        """Record each new checkpoint; mark those that retention deleted (kept as ``deleted:<uuid>`` beside the
+        uuids the sink has, so each is marked once), also one deleted before a pass saw it (its files are gone:
+        only the mark)."""
         for checkpoint in self._store.checkpoints(trial_id=self._trial_id, include_deleted=True):
             deleted = checkpoint.state == CheckpointState.DELETED
             if not deleted and checkpoint.uuid not in run.checkpoints:
                 run.sink.record_checkpoint(checkpoint)
                 self._store.add_tracker_checkpoint(self._trial_id, run.sink.name, checkpoint.uuid)
                 run.checkpoints.add(checkpoint.uuid)
-            elif deleted and checkpoint.uuid in run.checkpoints and f"deleted:{checkpoint.uuid}" not in run.checkpoints:
+            elif deleted and f"deleted:{checkpoint.uuid}" not in run.checkpoints:
                 run.sink.record_deleted(checkpoint)
                 self._store.add_tracker_checkpoint(self._trial_id, run.sink.name, f"deleted:{checkpoint.uuid}")
                 run.checkpoints.add(f"deleted:{checkpoint.uuid}")
