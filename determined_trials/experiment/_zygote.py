@@ -33,6 +33,11 @@ _MAX_MESSAGE = 1 << 20
 # scalars, never TensorFlow), imported here too: none starts a thread.
 _LAZY_IMPORTS = ("torch._dynamo", "tensorboard.compat.proto.event_pb2", "tensorboard.compat.proto.summary_pb2",
                  "tensorboard.summary.writer.record_writer")
+# Libraries model_defs often import whose import starts native threads that are safe across a fork: scipy's
+# OpenBLAS pool (OpenBLAS shuts its pool down before a fork and starts it again when next used) and the jemalloc
+# background thread scikit-learn's import starts (jemalloc's fork hooks). Imported, when installed, before the
+# threads are counted, so a model_def importing them still starts warm.
+_FORK_SAFE_POOLS = ("scipy.linalg", "sklearn")
 
 
 def file_digest(path: str) -> str:
@@ -58,12 +63,12 @@ def _warm_up(spec_text: str, folder: Path) -> dict[str, Any]:
     from determined_trials import pytorch  # noqa: F401
     from determined_trials.launch import import_trial_class, parse_trial_spec
 
-    for name in _LAZY_IMPORTS:
+    for name in (*_LAZY_IMPORTS, *_FORK_SAFE_POOLS):
         try:
             importlib.import_module(name)
         except ImportError:
             pass
-    base = _native_threads()  # torch and numpy's BLAS pools reset themselves at fork: they are allowed
+    base = _native_threads()  # torch's, numpy's and the pools above reset themselves at fork: allowed
     try:
         import_trial_class(parse_trial_spec(spec_text, folder))
     except BaseException as exc:  # noqa: BLE001 - the trial shows its own import error, cold

@@ -87,8 +87,10 @@ def _metrics(store: LocalStore, trial_id: int) -> list[tuple[Any, ...]]:
 
 @_slow
 def test_warm_trials_train_bitwise_like_cold_ones(tmp_path: Path) -> None:
-    warm, warm_marks = _run(tmp_path / "warm", ["ok"], lr=[0.1, 0.3])
-    cold, cold_marks = _run(tmp_path / "cold", ["ok"], lr=[0.1, 0.3], warm=False)
+    # scipy.linalg and scikit-learn start native pools at import (OpenBLAS, jemalloc): fork-safe, still warm
+    prelude = "import scipy.linalg, sklearn  # noqa: F401, E401\n"
+    warm, warm_marks = _run(tmp_path / "warm", ["ok"], lr=[0.1, 0.3], prelude=prelude)
+    cold, cold_marks = _run(tmp_path / "cold", ["ok"], lr=[0.1, 0.3], warm=False, prelude=prelude)
     assert [[m["warm"] for m in ms] for _, ms in sorted(warm_marks.items())] == [[True], [True]]
     assert [[m["warm"] for m in ms] for _, ms in sorted(cold_marks.items())] == [[False], [False]]  # switched off
     for trial in warm.trials():
