@@ -108,7 +108,7 @@ def _confirm(question: str) -> bool:
     return input(question).strip().lower() in ("y", "yes")
 
 
-_TRACKER_NAMES = {"mlflow": "MLflow", "wandb": "W&B"}
+_TRACKER_NAMES = {"mlflow": "MLflow", "wandb": "W&B", "tensorboard": "TensorBoard"}
 
 
 def _tracker_pairs(store: LocalStore, trial_id: int) -> list[tuple[str, str | None]]:
@@ -116,7 +116,8 @@ def _tracker_pairs(store: LocalStore, trial_id: int) -> list[tuple[str, str | No
     pairs: list[tuple[str, str | None]] = []
     for tracker, run in store.tracker_runs(trial_id).items():
         name = _TRACKER_NAMES.get(tracker, tracker)
-        pairs.append((f"{name} run", run["run_id"] + (f" ({run['url']})" if run["url"] else "")))
+        label = "TensorBoard logdir" if tracker == "tensorboard" else f"{name} run"  # its run is a folder
+        pairs.append((label, run["run_id"] + (f" ({run['url']})" if run["url"] else "")))
         held: dict[str, list[int]] = run["progress"].get("held", {})
         if held:
             steps = sorted({step for each in held.values() for step in each})

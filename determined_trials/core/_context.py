@@ -14,7 +14,6 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -41,10 +40,10 @@ from determined_trials.core.store import (
 )
 from determined_trials.core.trackers import (
     Outcome,
+    TrackerForwarder,
     TrackerHelper,
-    TrialFacts,
     check_trackers,
-    fork_parent_runs,
+    open_forwarder,
     start_tracker_helper,
 )
 from determined_trials.errors import InvalidHP, TrainingInterrupted
@@ -57,6 +56,7 @@ RUN_DIR_ENV = "DET_RUN_DIR"
 LAUNCH_DIR_ENV = "DET_LAUNCH_DIR"
 PREEMPTED_MARKER = "preempted"
 DEFAULT_RUN_DIR = "det-runs"
+_FIRST_PASS_TIMEOUT_S = 60.0
 ConfigSource = str | os.PathLike[str] | dict[str, Any] | ExperimentConfig
 
 
@@ -86,7 +86,7 @@ class Context:
         store: TrialStore,
         info: ClusterInfo,
         settled: bool,
-        make_parts: Callable[[TrialInfo], TrialParts],
+        make_parts: PartsMaker,
         tracking: tuple[ExperimentConfig, Path] | None = None,
         config_written: bool = True,
         owns_distributed: bool = False,
@@ -103,7 +103,8 @@ class Context:
         self._closed = False
         self._config_written = config_written  # False when init() made up the config (no config, no launcher)
         self._tracking = tracking  # the config naming trackers, the run folder
-        self._trackers: TrackerHelper | None = None
+        self._trackers: TrackerHelper | TrackerForwarder | None = None
+        self._restart_step: int | None = None  # the first step this process trains, once the timeline says
         self._ending = Outcome.PAUSED  # until __exit__ says how the trial ended
         self.opened_at = time.time()  # when building the trial began (a trainer's init() sets it before core.init)
 
@@ -153,13 +154,31 @@ class Context:
     def _trial_settled(self) -> bool:
         return self._info is not None
 
-    def _trial_parts(self) -> TrialParts:
-        """The parts bound to the settled trial, built on first use (and its tracker runs started then)."""
+    def _built_parts(self) -> TrialParts:
+        """The parts bound to the settled trial, built on first use."""
         if self._parts is None:
             self._parts = self._make_parts(self.info.trial)
-            if self._entered and not self._closed:
-                self._trackers = self._start_trackers()
         return self._parts
+
+    def _trial_parts(self) -> TrialParts:
+        """The parts bound to the settled trial, with its tracker runs started once the context is entered."""
+        parts = self._built_parts()
+        if self._entered and not self._closed and self._trackers is None:
+            self._trackers = self._start_trackers()
+        return parts
+
+    def _restart_timeline(self, steps_completed: int | None) -> None:
+        """Chief: this process goes on from the trial's checkpoint at ``steps_completed`` (None: from the start).
+        The store supersedes what lost attempts reported after it before the tracker runs start sending (started
+        again if they run: TensorBoard drops its points from the restart's step)."""
+        running = self._trackers is not None
+        if self._trackers is not None:
+            self._trackers.finish(Outcome.PAUSED)
+            self._trackers = None
+        self._restart_step = 0 if steps_completed is None else steps_completed + 1
+        self._built_parts().train._resume_after(steps_completed)
+        if running:
+            self._trackers = self._start_trackers()
 
     def __enter__(self) -> Context:
         self.preempt.start()
@@ -168,16 +187,21 @@ class Context:
             self._trackers = self._start_trackers()
         return self
 
-    def _start_trackers(self) -> TrackerHelper | None:
-        """The chief's helper process of this trial's tracker runs (once the trial is settled and in use)."""
-        if self._tracking is None or self.distributed.get_rank() != 0:
+    def _start_trackers(self) -> TrackerHelper | TrackerForwarder | None:
+        """The chief's sender of this trial's tracker runs (once the trial is settled and in use): a helper
+        process for MLflow and W&B (TensorBoard with them), else a thread for TensorBoard alone."""
+        if self.distributed.get_rank() != 0 or self._parts is None:
             return None
-        (config, run_path), trial = self._tracking, self.info.trial
-        facts = TrialFacts(trial=trial, experiment_name=self.store.experiment(trial.experiment_id).name,
-                           searcher_metric=config.searcher.metric, run_dir=str(run_path),
-                           parent_runs=fork_parent_runs(self.store, trial.trial_id))
-        flush_due = self._parts.train._flush_due_reports if self._parts is not None else None
-        return start_tracker_helper(facts, config, flush_due)
+        facts = self._make_parts.tracker_facts(self.info.trial, self._restart_step)
+        flush_due = self._parts.train._flush_due_reports
+        if self._tracking is not None:
+            return start_tracker_helper(facts, self._tracking[0], flush_due)
+        if facts.tensorboard_dir is None:
+            return None
+        forwarder = open_forwarder(self.store, facts, self._make_parts.config.integrations, before_pass=flush_due)
+        if forwarder is not None:  # the event file and its restart marker before the trial's own TensorBoard files
+            forwarder.first_pass.wait(_FIRST_PASS_TIMEOUT_S)
+        return forwarder
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

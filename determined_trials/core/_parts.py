@@ -16,6 +16,7 @@ from determined_trials.core._searcher import SearcherContext, SingleOperationSou
 from determined_trials.core._train import TensorboardMode, TrainContext
 from determined_trials.core.storage import StorageManager
 from determined_trials.core.store import TrialStore, recover_checkpoints
+from determined_trials.core.trackers import TrialFacts, fork_parent_runs, tensorboard_dir
 
 __all__ = ["PartsMaker", "TrialParts"]
 
@@ -38,6 +39,20 @@ class PartsMaker:
         self._store, self._storage, self._dist, self._mode = store, storage, dist, mode
         self._run_path, self._config, self._launched = run_path, config, launched
 
+    @property
+    def config(self) -> ExperimentConfig:
+        return self._config
+
+    def tracker_facts(self, trial: TrialInfo, restart_step: int | None) -> TrialFacts:
+        """What the trial's tracker runs (TensorBoard's, with ``TensorboardMode.AUTO``) record of it; ``restart_step``:
+        the first step this process trains."""
+        tb_dir = tensorboard_dir(self._run_path, trial.experiment_id, trial.trial_id)
+        return TrialFacts(trial=trial, experiment_name=self._store.experiment(trial.experiment_id).name,
+                          searcher_metric=self._config.searcher.metric, run_dir=str(self._run_path),
+                          parent_runs=fork_parent_runs(self._store, trial.trial_id),
+                          tensorboard_dir=str(tb_dir) if self._mode is TensorboardMode.AUTO else None,
+                          restart_step=restart_step)
+
     def __call__(self, trial: TrialInfo) -> TrialParts:
         store, dist = self._store, self._dist
         if dist.get_rank() == 0:  # settle what a killed writer of this trial left behind
@@ -52,10 +67,9 @@ class PartsMaker:
         )
 
     def _train(self, trial: TrialInfo) -> TrainContext:
-        tb_dir = self._run_path / "tensorboard" / f"experiment_{trial.experiment_id}" / f"trial_{trial.trial_id}"
         return TrainContext(
             store=self._store, trial_id=trial.trial_id, experiment_id=trial.experiment_id, dist=self._dist,
-            tensorboard_mode=self._mode, tensorboard_dir=tb_dir,
+            tensorboard_dir=tensorboard_dir(self._run_path, trial.experiment_id, trial.trial_id),
             searcher_metric=self._config.searcher.metric, smaller_is_better=self._config.searcher.smaller_is_better,
         )
 

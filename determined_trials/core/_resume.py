@@ -21,7 +21,6 @@ from determined_trials.core.store import NotFoundError, RunState, TrialStore, cl
 if TYPE_CHECKING:
     from determined_trials._info import ClusterInfo
     from determined_trials.core._distributed import DistributedContext
-    from determined_trials.core._train import TrainContext
     from determined_trials.core.store import LocalStore
 
 
@@ -35,14 +34,13 @@ class Context(Protocol):
     def info(self) -> ClusterInfo: ...
 
     @property
-    def train(self) -> TrainContext: ...
-
-    @property
     def _trial_settled(self) -> bool: ...
 
     def peek_trial(self) -> TrialInfo: ...
 
     def _settle(self, trial: TrialInfo, latest_checkpoint: str | None) -> None: ...
+
+    def _restart_timeline(self, steps_completed: int | None) -> None: ...
 
 
 __all__ = ["LATEST", "continue_bare_run", "resolve_latest", "resume_bare_trial", "resume_timeline"]
@@ -96,7 +94,7 @@ def resume_timeline(context: Context, steps_completed: int | None) -> None:
     in this process: the reports of lost attempts after that step are marked superseded in the store and
     dropped by TensorBoard, so that every read shows each step once. The chief does it (others return)."""
     if context.distributed.get_rank() == 0:
-        context.train._resume_after(steps_completed)
+        context._restart_timeline(steps_completed)
 
 
 def _say(context: Context, line: str) -> None:

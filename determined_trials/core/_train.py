@@ -17,7 +17,6 @@ from determined_trials.core._metrics import (
     scalar_items,
     to_json_metrics,
 )
-from determined_trials.core._tensorboard import ScalarWriter, tag_for
 from determined_trials.core.store import DisplayFields, HeldTime, ReportBuffer
 
 if TYPE_CHECKING:
@@ -53,7 +52,6 @@ class TrainContext:
         trial_id: int,
         experiment_id: int,
         dist: DistributedContext,
-        tensorboard_mode: TensorboardMode,
         tensorboard_dir: Path,
         searcher_metric: str | None = None,
         smaller_is_better: bool = True,
@@ -62,11 +60,9 @@ class TrainContext:
         self._trial_id = trial_id
         self._experiment_id = experiment_id
         self._dist = dist
-        self._tensorboard_mode = tensorboard_mode
         self._tensorboard_dir = tensorboard_dir
         self._searcher_metric = searcher_metric
         self._smaller_is_better = smaller_is_better
-        self._tb_writer = ScalarWriter(tensorboard_dir) if self._writes_tensorboard() else None
         self._display = DisplayFields(store, trial_id)
         self._time = HeldTime(store, trial_id)
         self._reports = ReportBuffer(store, trial_id, after_store=self._after_store)  # progress goes with batches
@@ -164,16 +160,14 @@ class TrainContext:
 
     def _resume_after(self, steps_completed: int | None) -> None:
         """Chief: this attempt goes on from the trial's checkpoint at ``steps_completed`` (None: from the
-        start, without one). What lost attempts reported after it is superseded in the store and dropped by
-        TensorBoard, so that the trial shows one timeline."""
+        start, without one). What lost attempts reported after it is superseded in the store (and dropped by
+        TensorBoard: its sink rewinds), so that the trial shows one timeline."""
         self._reports.flush()
         marked = self._store.supersede_metrics_after(self._trial_id, steps_completed)
         if marked:
             where = "the start" if steps_completed is None else f"step {steps_completed}"
             logger.info("trial %d resumes from %s: %d metrics reports of a lost attempt after it are superseded",
                         self._trial_id, where, marked)
-        if self._tb_writer is not None:
-            self._tb_writer.restart_at(0 if steps_completed is None else steps_completed + 1)
 
     def add_time(self, part: str, seconds: float) -> None:
         """Add ``seconds`` to the trial's time part ``part`` (one of ``core.store.TIME_PARTS``: where its wall time
@@ -202,17 +196,10 @@ class TrainContext:
         self._reports.flush_due()
 
     def close(self) -> None:
-        """Store the held-back reports, progress and status; close the TensorBoard event file."""
-        try:
-            self._reports.flush()
-            self._display.write()
-            self._time.write()
-        finally:
-            if self._tb_writer is not None:
-                self._tb_writer.close()
-
-    def _writes_tensorboard(self) -> bool:
-        return self._tensorboard_mode is TensorboardMode.AUTO and self._dist.get_rank() == 0
+        """Store the held-back reports, progress and status."""
+        self._reports.flush()
+        self._display.write()
+        self._time.write()
 
     def _report(
         self,
@@ -230,9 +217,6 @@ class TrainContext:
         self._warn_non_finite(group, steps, converted)
         self._reports.add({"group": group, "steps_completed": steps, "metrics": converted,
                            "batch_metrics": batches, "reported_time": time.time()})
-        if self._tb_writer is not None:
-            scalars = [(tag_for(group, key), value) for key, value in scalar_items(converted)]
-            self._tb_writer.add_scalars(steps, scalars)
         self._display.write_if_due()
         logger.debug("reported %s metrics at step %d: %s", group, steps, converted)
 

@@ -176,8 +176,8 @@ def trial(store: LocalStore, trial_id: int) -> dict[str, Any]:
     out = _trial_dict(t, store.trial_steps(exp.id, trial_id=t.id).get(t.id), best)
     out.update(experiment_name=exp.name, experiment_state=exp.state, searcher=searcher,
                config=clean(exp.config), metric_groups=store.metric_groups(t.id),
-               trackers={name: {"run_id": run["run_id"], "url": run["url"]}
-                         for name, run in store.tracker_runs(t.id).items()},
+               trackers={name: {"run_id": run["run_id"], "url": run["url"]}  # TensorBoard's folder is not a tracker's
+                         for name, run in store.tracker_runs(t.id).items() if name != "tensorboard"},
                time=store.trial_time(t.id, now=time.time()),  # where its wall time went, in seconds
                origin=trial_origin(store, t, exp))  # the trial and checkpoint it started from, or null
     return out

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Relay", "free_port", "mlflow_server", "mlflow_steps", "wait_stopped", "wandb_records", "wandb_steps"]
+__all__ = ["Relay", "free_port", "mlflow_server", "mlflow_steps", "wait_for", "wait_stopped", "wandb_records", "wandb_steps"]
 
 
 def free_port() -> int:
@@ -202,3 +202,11 @@ def wait_stopped(pid: int, timeout_s: float = 60.0) -> None:
         assert time.monotonic() < deadline, f"process {pid} did not stop within {timeout_s} s"
         time.sleep(0.01)
 
+
+def wait_for(what: str, check: Any, timeout_s: float) -> float:
+    """Poll ``check()`` until it is true; the seconds it took (failing after ``timeout_s``)."""
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s} s"
+        time.sleep(0.05)
+    return time.monotonic() - started

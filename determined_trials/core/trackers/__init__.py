@@ -1,8 +1,9 @@
-"""Experiment trackers (MLflow, Weights & Biases): one tracker run per trial, resumed by every later attempt of
-the trial, fed from the store by a forwarder (``_forwarder``) with each metric row as it is stored and no step twice
-(``_progress``), in a helper process the chief rank starts and stops (``_helper``, ``_helper_main``: the clients run
-off the training process); the runs' clients (``_mlflow``, ``_wandb``: imported lazily, only in the helper and the
-runner) and the checks made before any trial runs (``_setup``).
+"""Experiment trackers (MLflow, Weights & Biases) and TensorBoard's scalars: one tracker run per trial, resumed by
+every later attempt of the trial, fed from the store by a forwarder (``_forwarder``) with each metric row as it is
+stored and no step twice (``_progress``); for MLflow and W&B in a helper process the chief rank starts and stops
+(``_helper``, ``_helper_main``: the clients run off the training process, TensorBoard's with them), for TensorBoard
+alone on a thread of the chief; the runs' clients (``_mlflow``, ``_wandb``: imported lazily, only in the helper and
+the runner; ``_tensorboard``) and the checks made before any trial runs (``_setup``).
 
 May import: errors, _info, config, core.store, core.channel
 """
@@ -15,7 +16,8 @@ from determined_trials.core.trackers._setup import (
     fork_parent_runs,
     open_forwarder,
     settle_trial_runs,
+    tensorboard_dir,
 )
 
 __all__ = ["Outcome", "TrackerForwarder", "TrackerHelper", "TrialFacts", "check_trackers", "fork_parent_runs",
-           "open_forwarder", "settle_trial_runs", "start_tracker_helper"]
+           "open_forwarder", "settle_trial_runs", "start_tracker_helper", "tensorboard_dir"]

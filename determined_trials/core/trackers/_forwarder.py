@@ -49,8 +49,9 @@ class TrackerForwarder:
     then each run's status)."""
 
     def __init__(self, store: TrialStore, trial_id: int, sinks: Sequence[Sink], *, poll_s: float = _POLL_S,
-                 before_pass: Callable[[], None] | None = None) -> None:
+                 before_pass: Callable[[], None] | None = None, restart_step: int | None = None) -> None:
         self._store = store
+        self._restart_step = restart_step  # the first step the trial's process trains (None: not the trial's)
         self._before_pass = before_pass
         self._trial_id = trial_id
         self._runs = [_Run(sink) for sink in sinks]
@@ -142,11 +143,19 @@ class TrackerForwarder:
             self._store.set_tracker_run(self._trial_id, run.sink.name, run.sink.create())
             known = self._store.tracker_run(self._trial_id, run.sink.name)
             assert known is not None
-        url = run.sink.resume(known["run_id"])
+        progress = Progress.from_record(known["forwarded_id"], known["progress"])
+        from_step = progress.next_step
+        if run.sink.rewinds:  # from the restart's step: the lost attempt's points after its checkpoint are dropped
+            from_step = min(from_step, self._restart_step) if self._restart_step is not None else from_step
+            rewound = progress.rewound(from_step)
+            if rewound != progress:  # kept before the run drops anything
+                self._store.set_tracker_forwarded(self._trial_id, run.sink.name, rewound.forwarded, rewound.as_json())
+            progress = rewound
+        url = run.sink.resume(known["run_id"], from_step)
         if url != known["url"]:
             self._store.set_tracker_run(self._trial_id, run.sink.name, known["run_id"], url)
         run.run_id = known["run_id"]
-        run.progress = Progress.from_record(known["forwarded_id"], known["progress"])
+        run.progress = progress
         run.checkpoints = set(known["checkpoints"])
 
     def _send_rows(self, run: _Run) -> None:

@@ -32,6 +32,7 @@ class MlflowSink:
     """Logs one trial to one MLflow run through ``MlflowClient`` (no global fluent state is touched)."""
 
     name = "mlflow"
+    rewinds = False  # MLflow cannot delete points: a restart's repeated steps are not sent again
 
     def __init__(self, settings: MlflowIntegration, facts: TrialFacts, tracking_uri: str) -> None:
         self._settings = settings
@@ -68,7 +69,7 @@ class MlflowSink:
         run = client.create_run(experiment_id, run_name=facts.run_name, tags=tags)
         return str(run.info.run_id)
 
-    def resume(self, run_id: str) -> str | None:
+    def resume(self, run_id: str, from_step: int) -> str | None:
         from mlflow.entities import Param
 
         client = self._client()

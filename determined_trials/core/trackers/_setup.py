@@ -1,5 +1,6 @@
-"""Trackers from the experiment config: the checks made before any trial runs (package installed, MLflow server
-answering), the chief rank's forwarder of one trial, and the runner's last word on a trial that ended for good."""
+"""Trackers from the experiment config (and TensorBoard): the checks made before any trial runs (package installed,
+MLflow server answering), the chief rank's forwarder of one trial, and the runner's last word on a trial that ended
+for good."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from determined_trials.core.trackers._sink import Outcome, Sink, TrialFacts
 from determined_trials.errors import ConfigError
 
 __all__ = ["TrialFacts", "check_trackers", "fork_parent_runs", "mlflow_tracking_uri", "open_forwarder",
-           "settle_trial_runs"]
+           "settle_trial_runs", "tensorboard_dir"]
 
 _CHECK_TIMEOUT_S = 10.0
 
@@ -67,19 +68,24 @@ def _check_mlflow_server(uri: str) -> None:
                       "integrations.mlflow.tracking_uri (or $MLFLOW_TRACKING_URI)")
 
 
+def tensorboard_dir(run_dir: str | os.PathLike[str], experiment_id: int, trial_id: int) -> Path:
+    """The trial's TensorBoard folder in the run folder."""
+    return Path(run_dir) / "tensorboard" / f"experiment_{experiment_id}" / f"trial_{trial_id}"
+
+
 def settle_trial_runs(store: LocalStore, config: ExperimentConfig, trial_id: int, outcome: Outcome, *,
                       timeout_s: float = 15.0) -> None:
     """The runner's last word on a trial that ended for good without its process saying so (restarts used up,
-    experiment killed): send the reports its process had not sent and set each existing run's status."""
-    if config.integrations.mlflow is None and config.integrations.wandb is None:
-        return
+    experiment killed): send the reports its process had not sent (TensorBoard's too) and set each existing run's
+    status."""
     if not store.tracker_runs(trial_id):
         return  # the trial never got as far as a tracker run
     trial = store.trial(trial_id)
     info = TrialInfo(trial_id=trial.id, experiment_id=trial.experiment_id, trial_seed=trial.seed,
                      hparams=trial.hparams, config=config.as_dict())
     facts = TrialFacts(trial=info, experiment_name=store.experiment(trial.experiment_id).name,
-                       searcher_metric=config.searcher.metric, run_dir=str(store.path))
+                       searcher_metric=config.searcher.metric, run_dir=str(store.path),
+                       tensorboard_dir=str(tensorboard_dir(store.path, trial.experiment_id, trial.id)))
     forwarder = open_forwarder(store, facts, config.integrations, only_existing=True)
     if forwarder is not None:
         forwarder.finish(outcome, timeout_s)
@@ -90,6 +96,10 @@ def open_forwarder(store: TrialStore, facts: TrialFacts, integrations: Integrati
     """The started forwarder of the trial's tracker runs (``only_existing``: of the runs it has already), or
     ``None`` when there is none to feed; ``before_pass`` runs before each look at the store."""
     sinks: list[Sink] = []
+    if facts.tensorboard_dir is not None:
+        from determined_trials.core.trackers._tensorboard import TensorBoardSink
+
+        sinks.append(TensorBoardSink(Path(facts.tensorboard_dir)))
     if integrations.mlflow is not None:
         from determined_trials.core.trackers._mlflow import MlflowSink
 
@@ -102,7 +112,8 @@ def open_forwarder(store: TrialStore, facts: TrialFacts, integrations: Integrati
         sinks = [sink for sink in sinks if store.tracker_run(facts.trial.trial_id, sink.name) is not None]
     if not sinks:
         return None
-    return TrackerForwarder(store, facts.trial.trial_id, sinks, before_pass=before_pass).start()
+    return TrackerForwarder(store, facts.trial.trial_id, sinks, before_pass=before_pass,
+                            restart_step=facts.restart_step).start()
 
 
 def fork_parent_runs(store: TrialStore, trial_id: int) -> dict[str, str]:

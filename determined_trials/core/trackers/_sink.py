@@ -23,6 +23,11 @@ class TrialFacts:
     run_dir: str
     parent_runs: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Tracker name -> the run id of the trial this one was forked from (``det-trials trial fork``)."""
+    tensorboard_dir: str | None = None
+    """The trial's TensorBoard folder, when its metrics go to TensorBoard (``TensorboardMode.AUTO``)."""
+    restart_step: int | None = None
+    """The first step this process of the trial trains (0 from scratch, k + 1 from the checkpoint at k); None when
+    the sender is not the trial's process (the runner's last word)."""
 
     @property
     def run_name(self) -> str:
@@ -62,12 +67,16 @@ class Sink(Protocol):
     """One tracker's client for one trial. Every method may raise when the tracker is unreachable."""
 
     name: str
+    rewinds: bool
+    """Whether the run can drop what it holds from a step on (TensorBoard can: its restart marker); such a run gets
+    a restarted attempt's reports after its checkpoint again, the others keep the values they were sent first."""
 
     def create(self) -> str:
         """Create the trial's run (or pick its id) and return the run id; called once per trial."""
 
-    def resume(self, run_id: str) -> str | None:
-        """Attach to the trial's run (mark it running, describe it); returns its URL if it has one."""
+    def resume(self, run_id: str, from_step: int) -> str | None:
+        """Attach to the trial's run (mark it running, describe it); returns its URL if it has one. ``from_step``:
+        the first step it will be sent (a run that ``rewinds`` drops what it holds from there)."""
 
     def log(self, rows: Sequence[MetricRecord]) -> None:
         """Append metric rows (in report order) to the run."""

@@ -19,6 +19,7 @@ class WandbSink:
     """Logs one trial to one W&B run (``group`` = the experiment) from the forwarder's thread."""
 
     name = "wandb"
+    rewinds = False  # a restart's repeated steps are not sent again: the run keeps the values it got first
 
     def __init__(self, settings: WandbIntegration, facts: TrialFacts) -> None:
         self._settings = settings
@@ -29,7 +30,7 @@ class WandbSink:
     def create(self) -> str:
         return uuid.uuid4().hex[:16]  # W&B takes any id of lowercase letters and digits
 
-    def resume(self, run_id: str) -> str | None:
+    def resume(self, run_id: str, from_step: int) -> str | None:
         import wandb
 
         folder = Path(self._settings.dir or Path(self._facts.run_dir) / "wandb")

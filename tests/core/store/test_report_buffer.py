@@ -15,7 +15,6 @@ from trials_pytorch import LinearTrial, config
 
 import determined_trials as det
 from determined_trials import pytorch
-from determined_trials.core import _tensorboard
 from determined_trials.core.store import _report_buffer
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
@@ -153,32 +152,6 @@ def test_status_and_progress_are_stored_within_a_second_and_at_close(tmp_path: P
         ctx.train.close()  # what close stores (the held status) ...
         assert det.core.LocalStore(tmp_path).trial(trial_id).status == "checkpointing"
     assert det.core.LocalStore(tmp_path).trial(trial_id).status == "completed"  # ... until the trial's end
-
-
-def test_tensorboard_training_events_are_flushed_at_most_once_a_second(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = _Clock()
-    monkeypatch.setattr(_tensorboard, "time", fake)
-    writer = _tensorboard.ScalarWriter(tmp_path)
-    writer.add_scalars(1, [("loss", 1.0)])  # the first event is flushed
-    events = next(tmp_path.glob("events.out.tfevents.*"))
-    flushed = events.stat().st_size
-    fake.now += 0.5
-    writer.add_scalars(2, [("loss", 0.5)])
-    assert events.stat().st_size == flushed  # held, not written yet
-    writer.add_scalars(2, [("val_loss", 0.4)], flush=True)  # asked to flush: written with those before
-    assert events.stat().st_size > flushed
-    flushed = events.stat().st_size
-    fake.now += 1.0
-    writer.add_scalars(3, [("loss", 0.3)])  # a second after the last flush
-    assert events.stat().st_size > flushed
-    writer.add_scalars(4, [("loss", 0.2)])
-    writer.close()
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(tmp_path))
-    acc.Reload()
-    assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3, 4]
 
 
 def test_fit_leaves_every_report_in_the_store_when_it_returns(tmp_path: Path, clock: _Clock) -> None:

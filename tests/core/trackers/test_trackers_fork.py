@@ -20,7 +20,7 @@ def _run_config(tmp_path: Path, run_id: str, parent_runs: dict[str, str]) -> dic
     trial = TrialInfo(trial_id=2, experiment_id=2, trial_seed=1, hparams={"lr": 0.1}, config={})
     sink = WandbSink(WandbIntegration(project="p", mode="offline"),
                      TrialFacts(trial, "fork", "loss", str(tmp_path), parent_runs=parent_runs))
-    sink.resume(run_id)
+    sink.resume(run_id, 0)
     sink.close(Outcome.COMPLETED)
     records = wandb_records(tmp_path / "wandb" / "wandb", run_id)
     header = next(r.run for r in records if r.WhichOneof("record_type") == "run")

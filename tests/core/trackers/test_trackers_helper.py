@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.helpers_trackers import Relay, mlflow_steps
+from support.helpers_trackers import Relay, mlflow_steps, wait_for
 
 from determined_trials.core import LocalStore
 
@@ -61,13 +61,6 @@ def _tell(proc: subprocess.Popen[str]) -> None:
     proc.stdin.flush()
 
 
-def _wait_for(what: str, check: Any, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.05)
-
-
 def _mlflow_has(store: LocalStore, uri: str, steps: list[int]) -> bool:
     run = store.tracker_run(1, "mlflow")
     return run is not None and [s for s, _ in mlflow_steps(uri, run["run_id"], "training/loss")] == steps
@@ -85,10 +78,10 @@ warm within 5 s; at its end the run is FINISHED and the helper gone."""
         assert said["mlflow"] is False
         assert not [name for name in said["threads"] if name.startswith("det-trackers")], said["threads"]
         store = LocalStore(tmp_path)
-        _wait_for("steps 1..3 in MLflow", lambda: _mlflow_has(store, server, [1, 2, 3]), 60)
+        wait_for("steps 1..3 in MLflow", lambda: _mlflow_has(store, server, [1, 2, 3]), 60)
         _tell(proc)
         reported_at = _said(proc, "step 4")["at"]
-        _wait_for("step 4 in MLflow", lambda: _mlflow_has(store, server, [1, 2, 3, 4]), 60)
+        wait_for("step 4 in MLflow", lambda: _mlflow_has(store, server, [1, 2, 3, 4]), 60)
         waited = time.time() - reported_at
         _tell(proc)
         assert proc.wait(timeout=120) == 0
@@ -117,11 +110,11 @@ def test_a_kill_9_of_a_plain_script_leaves_its_helper_to_send_the_stored_reports
         proc.wait(timeout=60)
         assert not _mlflow_has(store, server, [1, 2, 3])  # nothing could be sent while the server was away
         relay.restore()
-        _wait_for("steps 1..3 in MLflow after the kill", lambda: _mlflow_has(store, server, [1, 2, 3]), 120)
+        wait_for("steps 1..3 in MLflow after the kill", lambda: _mlflow_has(store, server, [1, 2, 3]), 120)
         from mlflow.tracking import MlflowClient
 
         run_id = store.tracker_run(1, "mlflow")["run_id"]
-        _wait_for("the run marked KILLED", lambda: MlflowClient(tracking_uri=server).get_run(
+        wait_for("the run marked KILLED", lambda: MlflowClient(tracking_uri=server).get_run(
             run_id).info.status == "KILLED", 120)  # through the relay: it stays up until then
     finally:
         proc.kill()

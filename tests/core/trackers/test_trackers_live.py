@@ -1,6 +1,7 @@
 """Trackers, live: a report reaches MLflow (a real `mlflow server`) within seconds of being stored, with no checkpoint
 covering it; a restart after a kill -9 that reports again the steps MLflow already has sends none of them twice;
-a restart that reports other values leaves MLflow and W&B with the first ones and ``trial describe`` says so."""
+a restart that reports other values leaves MLflow and W&B with the first ones and ``trial describe`` says so, while
+TensorBoard (sent by the same helper) drops its points from the restart's step and shows the store's."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.helpers_trackers import mlflow_steps, wandb_records, wandb_steps
+from support.helpers_tensorboard import tensorboard_points
+from support.helpers_trackers import mlflow_steps, wait_for, wandb_records, wandb_steps
 
 import determined_trials as det
 from determined_trials.cli.main import main
@@ -36,15 +38,6 @@ def _checkpoint(ctx: det.core.Context, step: int) -> None:
         (path / "state.txt").write_text(str(step))
 
 
-def _wait_for(what: str, check: Any, timeout_s: float) -> float:
-    """Poll ``check()`` until it is true; the seconds it took (failing after ``timeout_s``)."""
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s} s"
-        time.sleep(0.05)
-    return time.monotonic() - started
-
-
 def _describe(run_dir: Path, trial_id: int) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -60,7 +53,7 @@ def test_each_report_reaches_mlflow_within_5_s_with_no_checkpoint(server: str, t
         store = LocalStore(tmp_path)
         for step in range(1, 13):
             ctx.train.report_training_metrics(step, {"loss": 1.0 / step})
-            waits.append(_wait_for(f"step {step} in MLflow", lambda s=step: (
+            waits.append(wait_for(f"step {step} in MLflow", lambda s=step: (
                 (run := store.tracker_run(1, "mlflow")) is not None
                 and mlflow_steps(server, run["run_id"], "training/loss")[-1:] == [(s, 1.0 / s)]), 60))
             time.sleep(0.5 if step % 3 else 0.05)  # the pace of the reports (not a synchronisation)
@@ -96,7 +89,7 @@ def test_a_restart_after_a_kill_9_sends_no_step_twice(server: str, tmp_path: Pat
     values): MLflow has each step once, equal to the store's, in the same run."""
     proc = subprocess.Popen([sys.executable, "-c", _KILLED, str(tmp_path), server], env=os.environ.copy())
     try:
-        _wait_for("the trial's store", (tmp_path / "store.sqlite").exists, 120)
+        wait_for("the trial's store", (tmp_path / "store.sqlite").exists, 120)
         store = LocalStore(tmp_path)
 
         def sent_to_5() -> bool:
@@ -104,7 +97,7 @@ def test_a_restart_after_a_kill_9_sends_no_step_twice(server: str, tmp_path: Pat
             run = store.tracker_run(1, "mlflow")
             return run is not None and [s for s, _ in mlflow_steps(server, run["run_id"], "training/loss")] == [
                 1, 2, 3, 4, 5]
-        _wait_for("steps 1..5 in MLflow", sent_to_5, 120)
+        wait_for("steps 1..5 in MLflow", sent_to_5, 120)
     finally:
         proc.kill()
         proc.wait(timeout=60)
@@ -121,6 +114,8 @@ def test_a_restart_after_a_kill_9_sends_no_step_twice(server: str, tmp_path: Pat
     rows = [(m.steps_completed, float(m.metrics["loss"])) for m in store.metrics(1, "training")]
     assert rows == [(s, 1.0 / s) for s in range(1, 9)]
     assert mlflow_steps(server, run_id, "training/loss") == rows  # each step once
+    tensorboard = tensorboard_points(tmp_path / "tensorboard" / "experiment_1" / "trial_1")  # sent by the helper
+    assert tensorboard["loss"] == [(s, pytest.approx(v)) for s, v in rows]
     superseded = [m.steps_completed for m in store.metrics(1, "training", include_superseded=True)
                   if m.superseded_time is not None]
     assert superseded == [3, 4, 5]  # the killed attempt's, sent to MLflow, then reported again
@@ -160,6 +155,13 @@ def test_a_restart_with_other_values_keeps_the_first_and_describe_says_so(server
     text = _describe(tmp_path, 1)
     assert "MLflow holds 3 superseded points (steps 3, 4, 5;" in text
     assert "W&B holds 3 superseded points (steps 3, 4, 5;" in text
+    # TensorBoard can drop points: rewound to the restart's step, it shows what the store has
+    tensorboard = tensorboard_points(tmp_path / "tensorboard" / "experiment_1" / "trial_1")
+    current = [(m.steps_completed, m.metrics) for m in store.metrics(1, "training")]
+    assert tensorboard["loss"] == [(s, pytest.approx(m["loss"])) for s, m in current]
+    assert tensorboard["extra"] == [(s, float(s)) for s in range(3, 7)]
+    assert runs["tensorboard"]["progress"]["held"] == {}
+    assert "tensorboard superseded" not in text.lower()
 
 
 def _row(row_id: int, step: int, superseded: bool = False, **metrics: Any) -> MetricRecord:

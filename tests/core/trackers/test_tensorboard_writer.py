@@ -1,5 +1,5 @@
-"""TensorBoard shows a restarted trial's one timeline: a resumed attempt's event file carries TensorBoard's
-restart marker, so the TensorBoard server's reader drops what the lost attempt wrote after the checkpoint."""
+"""The TensorBoard sink's event files: a resumed attempt's event file carries TensorBoard's restart marker, so the
+TensorBoard server's reader drops what the lost attempt wrote after the checkpoint; frequent events share a write."""
 
 from __future__ import annotations
 
@@ -7,9 +7,21 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
 from support.helpers_tensorboard import tensorboard_points
 
-from determined_trials.core._tensorboard import ScalarWriter
+from determined_trials.core.trackers import _tensorboard
+from determined_trials.core.trackers._tensorboard import ScalarWriter
+
+
+class _Clock:
+    """A time() stand-in that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
 
 
 def _attempt(logdir: Path, steps: range, offset: float, restart_at: int | None) -> None:
@@ -64,3 +76,29 @@ def test_a_restart_in_the_same_writer(tmp_path: Path) -> None:
         writer.add_scalars(step, [("loss", float(step))])
     writer.close()
     assert tensorboard_points(tmp_path)["loss"] == [(1, 101.0), (2, 102.0), (3, 3.0), (4, 4.0)]
+
+
+def test_tensorboard_training_events_are_flushed_at_most_once_a_second(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _Clock()
+    monkeypatch.setattr(_tensorboard, "time", fake)
+    writer = _tensorboard.ScalarWriter(tmp_path)
+    writer.add_scalars(1, [("loss", 1.0)])  # the first event is flushed
+    events = next(tmp_path.glob("events.out.tfevents.*"))
+    flushed = events.stat().st_size
+    fake.now += 0.5
+    writer.add_scalars(2, [("loss", 0.5)])
+    assert events.stat().st_size == flushed  # held, not written yet
+    writer.add_scalars(2, [("val_loss", 0.4)], flush=True)  # asked to flush: written with those before
+    assert events.stat().st_size > flushed
+    flushed = events.stat().st_size
+    fake.now += 1.0
+    writer.add_scalars(3, [("loss", 0.3)])  # a second after the last flush
+    assert events.stat().st_size > flushed
+    writer.add_scalars(4, [("loss", 0.2)])
+    writer.close()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3, 4]

@@ -1,9 +1,11 @@
-"""TensorBoard scalars for reported metrics, written with tensorboard's own record writer.
+"""The TensorBoard sink of a trial's tracker runs: its reported metrics as scalars in the trial's TensorBoard folder,
+fed by the forwarder like MLflow and W&B, written with tensorboard's own record writer (never TensorFlow).
 
-Only ``tensorboard``'s protobufs and record writer are used (never TensorFlow), so the Core API
-stays framework-free. A trial that resumes from a checkpoint keeps one timeline in TensorBoard too,
-by TensorBoard's own restart marker: a ``SessionLog.START`` event at step s makes TensorBoard drop the
-run's earlier events at steps >= s (what ``SummaryWriter(purge_step=s)`` writes).
+TensorBoard, unlike MLflow, can drop what a run holds: a ``SessionLog.START`` event at step s makes it drop the
+run's earlier events at steps >= s (what ``SummaryWriter(purge_step=s)`` writes). The sink writes one where each
+process of the trial starts sending: at the step its attempt resumes from (the lost attempt's points after the
+checkpoint, its own events through ``get_tensorboard_path()`` included, give way to the new attempt's), or else
+past the last step it was sent (what a killed forwarder wrote but did not record).
 """
 
 from __future__ import annotations
@@ -12,10 +14,15 @@ import math
 import os
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FLUSH_INTERVAL_S", "ScalarWriter", "tag_for"]
+from determined_trials.core.store import CheckpointRecord, MetricRecord
+from determined_trials.core.trackers._progress import numbers
+from determined_trials.core.trackers._sink import Outcome
+
+__all__ = ["FLUSH_INTERVAL_S", "ScalarWriter", "TensorBoardSink", "tag_for"]
 
 FLUSH_INTERVAL_S = 1.0  # training events reach the file at most this late (at the next event; and at close)
 
@@ -60,15 +67,16 @@ class ScalarWriter:
         _write_start(writer, step)
         writer.flush()
 
-    def add_scalars(self, step: int, scalars: list[tuple[str, float]], *, flush: bool = False) -> None:
-        """Add one event holding every (tag, value) at ``step``. Events are written and flushed
-        together: with this one when ``flush`` or a second has passed since the last flush (frequent
-        training reports share one write), and at ``flush()``/``close()``."""
+    def add_scalars(self, step: int, scalars: list[tuple[str, float]], *, flush: bool = False,
+                    wall_time: float | None = None) -> None:
+        """Add one event holding every (tag, value) at ``step`` (reported at ``wall_time``, default now). Events
+        are written and flushed together: with this one when ``flush`` or a second has passed since the last flush
+        (frequent reports share one write), and at ``flush()``/``close()``."""
         if not scalars:
             return
-        wall_time = time.time()
-        self._held.append((wall_time, step, scalars))
-        if flush or wall_time - self._flushed_at >= FLUSH_INTERVAL_S:
+        now = time.time()
+        self._held.append((now if wall_time is None else wall_time, step, scalars))
+        if flush or now - self._flushed_at >= FLUSH_INTERVAL_S:
             self.flush()
 
     def flush(self) -> None:
@@ -104,6 +112,45 @@ class ScalarWriter:
             self._writer.write(header.SerializeToString())
             _write_start(self._writer, self._start_step)
         return self._writer
+
+
+class TensorBoardSink:
+    """One trial's TensorBoard "run": its folder (the run id), one event file per process that sends to it."""
+
+    name = "tensorboard"
+    rewinds = True
+
+    def __init__(self, logdir: Path) -> None:
+        self._logdir = logdir
+        self._writer: ScalarWriter | None = None
+
+    def create(self) -> str:
+        return str(self._logdir)
+
+    def resume(self, run_id: str, from_step: int) -> str | None:
+        """Open this process's event file with TensorBoard's restart marker at ``from_step``."""
+        if self._writer is None:
+            self._writer = ScalarWriter(Path(run_id))
+        self._writer.restart_at(from_step)
+        return None
+
+    def log(self, rows: Sequence[MetricRecord]) -> None:
+        assert self._writer is not None, "resume() opens the event file"
+        for row in rows:
+            scalars = [(tag_for(row.group, key), value) for key, value in numbers(row).items()]
+            self._writer.add_scalars(row.steps_completed, scalars, wall_time=row.reported_time.timestamp())
+        self._writer.flush()
+
+    def record_checkpoint(self, checkpoint: CheckpointRecord) -> None:
+        """TensorBoard has no place for checkpoints."""
+
+    def record_deleted(self, checkpoint: CheckpointRecord) -> None:
+        """TensorBoard has no place for checkpoints."""
+
+    def close(self, outcome: Outcome) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
 
 def _write_start(writer: Any, step: int) -> None:
