@@ -2,7 +2,8 @@
 the trial, fed from the store by a forwarder (``_forwarder``) with each metric row as it is stored and no step twice
 (``_progress``), in a helper process the chief rank starts and stops (``_helper``, ``_helper_main``: the clients run
 off the training process); the runs' clients (``_mlflow``, ``_wandb``: imported lazily, only in the helper and the
-runner) and the checks made before any trial runs (``_setup``).
+runner) and the checks made before any trial runs, the runner's last word on an ended trial's runs and the marks of
+checkpoints deleted after its process ended (``_setup``).
 
 May import: errors, _info, config, core.store, core.channel
 """
@@ -13,9 +14,10 @@ from determined_trials.core.trackers._setup import (
     TrialFacts,
     check_trackers,
     fork_parent_runs,
+    mark_deleted_checkpoints,
     open_forwarder,
     settle_trial_runs,
 )
 
 __all__ = ["Outcome", "TrackerForwarder", "TrackerHelper", "TrialFacts", "check_trackers", "fork_parent_runs",
-           "open_forwarder", "settle_trial_runs", "start_tracker_helper"]
+           "mark_deleted_checkpoints", "open_forwarder", "settle_trial_runs", "start_tracker_helper"]
