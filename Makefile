@@ -172,3 +172,19 @@ example-lm: venv
 	$(BIN)/det-trials --run-dir $(LM_EXAMPLE_RUN_DIR) trial metrics 1 --group validation
 
 .PHONY: example-lm
+
+STREAM_EXAMPLE_RUN_DIR := det-runs/streaming_digits
+STREAM_TRAIN := cd examples/streaming_digits && $(abspath $(BIN))/python train.py --no-progress
+STREAM_RUNS := $(abspath $(STREAM_EXAMPLE_RUN_DIR))
+
+# The streaming example: scikit-learn's digits as a stream that saves its position (examples/streaming_digits):
+# an uninterrupted run, then a run stopped after batch 100 and resumed; both read the same records, batch by batch.
+example-stream: venv
+	rm -rf $(STREAM_EXAMPLE_RUN_DIR) && mkdir -p $(STREAM_EXAMPLE_RUN_DIR)
+	$(STREAM_TRAIN) --run-dir $(STREAM_RUNS)/whole --records $(STREAM_RUNS)/whole.txt
+	$(STREAM_TRAIN) --run-dir $(STREAM_RUNS)/stopped --records $(STREAM_RUNS)/stopped.txt --stop-after-batches 100
+	$(STREAM_TRAIN) --run-dir $(STREAM_RUNS)/stopped --records $(STREAM_RUNS)/stopped.txt --resume latest
+	cmp $(STREAM_RUNS)/whole.txt $(STREAM_RUNS)/stopped.txt && \
+		echo "the stopped and resumed run read the uninterrupted run's records, batch by batch"
+
+.PHONY: example-stream

@@ -95,11 +95,22 @@ def _delete(args: argparse.Namespace) -> int:
         return 1
     for record in checkpoints:
         checkpoint_storage_for(store, record.uuid).delete(record.uuid)  # type: ignore[attr-defined]
+        store.mark_checkpoint_deleted(record.uuid)
+    _mark_deleted_in_trackers(store, exp.id)
     for folder in (store.path / "experiments" / str(exp.id), store.path / "tensorboard" / f"experiment_{exp.id}"):
         shutil.rmtree(folder, ignore_errors=True)
     store.delete_experiment(exp.id)
     print(f"experiment {exp.id} deleted ({len(checkpoints)} checkpoint(s))")
     return 0
+
+
+def _mark_deleted_in_trackers(store: LocalStore, experiment_id: int) -> None:
+    """The trials' tracker runs outlive the experiment: their checkpoint tags say that the files are gone."""
+    from determined_trials.config import load_config
+    from determined_trials.core.trackers import mark_deleted_checkpoints
+
+    config = load_config(store.experiment(experiment_id).config)
+    mark_deleted_checkpoints(store, config, [trial.id for trial in store.trials(experiment_id)])
 
 
 def _confirm(question: str) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 
 from determined_trials.core.storage import storage_from_spec
 from determined_trials.core.store import LocalStore, RetentionPolicy, collect_garbage
+from determined_trials.core.trackers import mark_deleted_checkpoints
 from determined_trials.experiment._executor import LocalExecutor, TrialExecutor, TrialHandle
 from determined_trials.experiment._fork import ForkStart
 from determined_trials.experiment._report import Display
@@ -173,6 +174,7 @@ class RunnerState:
     def _collect(self, trial_ids: list[int]) -> None:
         starts = {w.warm_start for w in self._queue + [r.work for r in self._running.values()] if w.warm_start}
         collect_garbage(self.store, self._storage, self.experiment_id, trial_ids, self._policy, protect=starts)
+        mark_deleted_checkpoints(self.store, self._config, trial_ids)  # their runs ended before this deletion
 
     def _say(self, message: str) -> None:
         self._display.echo(f"det-trials: {message}")

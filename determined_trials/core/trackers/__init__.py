@@ -3,7 +3,8 @@ every later attempt of the trial, fed from the store by a forwarder (``_forwarde
 stored and no step twice (``_progress``); for MLflow and W&B in a helper process the chief rank starts and stops
 (``_helper``, ``_helper_main``: the clients run off the training process, TensorBoard's with them), for TensorBoard
 alone on a thread of the chief; the runs' clients (``_mlflow``, ``_wandb``: imported lazily, only in the helper and
-the runner; ``_tensorboard``) and the checks made before any trial runs (``_setup``).
+the runner; ``_tensorboard``), the checks made before any trial runs, the runner's last word on an ended trial's
+runs and the marks of checkpoints deleted after its process ended (``_setup``).
 
 May import: errors, _info, config, core.store, core.channel
 """
@@ -14,10 +15,12 @@ from determined_trials.core.trackers._setup import (
     TrialFacts,
     check_trackers,
     fork_parent_runs,
+    mark_deleted_checkpoints,
     open_forwarder,
     settle_trial_runs,
     tensorboard_dir,
 )
 
 __all__ = ["Outcome", "TrackerForwarder", "TrackerHelper", "TrialFacts", "check_trackers", "fork_parent_runs",
-           "open_forwarder", "settle_trial_runs", "start_tracker_helper", "tensorboard_dir"]
+           "mark_deleted_checkpoints", "open_forwarder", "settle_trial_runs", "start_tracker_helper",
+           "tensorboard_dir"]

@@ -84,6 +84,10 @@ class MlflowSink:
         self._recorded = {v.split()[0] for k, v in run.data.tags.items() if k.startswith(f"{_TAG_PREFIX}checkpoint.")}
         return run_url(self._uri, run.info.experiment_id, run_id)
 
+    def attach(self, run_id: str) -> None:
+        """Use run ``run_id`` as it stands (its status and params untouched): for marks after its trial ended."""
+        self._run_id = run_id
+
     def log(self, rows: Sequence[MetricRecord]) -> None:
         from mlflow.entities import Metric
 

@@ -1,23 +1,31 @@
 """Trackers from the experiment config (and TensorBoard): the checks made before any trial runs (package installed,
-MLflow server answering), the chief rank's forwarder of one trial, and the runner's last word on a trial that ended
-for good."""
+MLflow server answering), the chief rank's forwarder of one trial, the runner's last word on a trial that ended for
+good, and the marks of checkpoints deleted after a trial's process ended."""
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from determined_trials._info import TrialInfo
 from determined_trials.config import ExperimentConfig, Integrations
-from determined_trials.core.store import LocalStore, TrialStore
+from determined_trials.core.store import CheckpointRecord, CheckpointState, LocalStore, TrialStore
 from determined_trials.core.trackers._forwarder import TrackerForwarder
 from determined_trials.core.trackers._sink import Outcome, Sink, TrialFacts
 from determined_trials.errors import ConfigError
 
-__all__ = ["TrialFacts", "check_trackers", "fork_parent_runs", "mlflow_tracking_uri", "open_forwarder",
-           "settle_trial_runs", "tensorboard_dir"]
+if TYPE_CHECKING:
+    from determined_trials.core.trackers._mlflow import MlflowSink
+
+__all__ = ["TrialFacts", "check_trackers", "fork_parent_runs", "mlflow_tracking_uri", "mark_deleted_checkpoints",
+           "open_forwarder", "settle_trial_runs", "tensorboard_dir"]
+
+logger = logging.getLogger("determined_trials.trackers")
 
 _CHECK_TIMEOUT_S = 10.0
 
@@ -80,15 +88,83 @@ def settle_trial_runs(store: LocalStore, config: ExperimentConfig, trial_id: int
     status."""
     if not store.tracker_runs(trial_id):
         return  # the trial never got as far as a tracker run
+    forwarder = open_forwarder(store, _stored_facts(store, config, trial_id), config.integrations,
+                               only_existing=True)
+    if forwarder is not None:
+        forwarder.finish(outcome, timeout_s)
+
+
+def _stored_facts(store: LocalStore, config: ExperimentConfig, trial_id: int) -> TrialFacts:
+    """What a tracker run records of trial ``trial_id``, read from the store (for the runner and the CLI)."""
     trial = store.trial(trial_id)
     info = TrialInfo(trial_id=trial.id, experiment_id=trial.experiment_id, trial_seed=trial.seed,
                      hparams=trial.hparams, config=config.as_dict())
-    facts = TrialFacts(trial=info, experiment_name=store.experiment(trial.experiment_id).name,
-                       searcher_metric=config.searcher.metric, run_dir=str(store.path),
-                       tensorboard_dir=str(tensorboard_dir(store.path, trial.experiment_id, trial.id)))
-    forwarder = open_forwarder(store, facts, config.integrations, only_existing=True)
-    if forwarder is not None:
-        forwarder.finish(outcome, timeout_s)
+    return TrialFacts(trial=info, experiment_name=store.experiment(trial.experiment_id).name,
+                      searcher_metric=config.searcher.metric, run_dir=str(store.path),
+                      tensorboard_dir=str(tensorboard_dir(store.path, trial.experiment_id, trial.id)))
+
+
+def mark_deleted_checkpoints(store: LocalStore, config: ExperimentConfig, trial_ids: Iterable[int], *,
+                             timeout_s: float = 15.0) -> None:
+    """Mark in the MLflow runs of ``trial_ids`` (trials whose process has ended) the checkpoints deleted since their
+    forwarder stopped (the runner's retention, ``experiment delete``), as the forwarder does: the run's status and
+    params stay as the trial left them. W&B runs are left alone (docs/integrations.md). MLflow away or slow: one
+    warning; the marks not made are made by a later call."""
+    if config.integrations.mlflow is None:
+        return
+    due = {trial_id: gone for trial_id in trial_ids if (gone := _unmarked_deletions(store, trial_id))[1]}
+    if not due:
+        return
+    if not _installed("mlflow"):
+        logger.warning("trackers: the mlflow package is not installed: the deleted checkpoints of trial(s) %s are not "
+                       "marked in their MLflow runs", ", ".join(map(str, sorted(due))))
+        return
+    uri = mlflow_tracking_uri(config.integrations, store.path)
+    from determined_trials.core.trackers._mlflow import MlflowSink
+
+    sinks = {trial_id: MlflowSink(config.integrations.mlflow, _stored_facts(store, config, trial_id), uri)
+             for trial_id in due}
+    done: list[tuple[int, str]] = []
+    failed: list[Exception] = []
+    try:
+        _check_mlflow_server(uri)  # away: one quick answer, not the client's retries
+    except ConfigError as exc:
+        failed.append(exc)
+    else:
+        sender = threading.Thread(target=_send_marks, args=(sinks, due, done, failed), daemon=True,
+                                  name="det-trackers-marks")
+        sender.start()
+        sender.join(timeout_s)
+    for trial_id, uuid in list(done):  # the store is written from this thread only
+        store.add_tracker_checkpoint(trial_id, "mlflow", f"deleted:{uuid}")
+    if len(done) < sum(len(checkpoints) for _, checkpoints in due.values()):
+        problem = f"{type(failed[0]).__name__}: {failed[0]}" if failed else f"no answer in {timeout_s:.0f} s"
+        logger.warning("trackers: MLflow did not take the deletion marks of trial(s) %s's checkpoints (%s); their "
+                       "det.checkpoint tags name them as kept until a later deletion marks them",
+                       ", ".join(map(str, sorted(due))), problem)
+
+
+def _unmarked_deletions(store: LocalStore, trial_id: int) -> tuple[str, list[CheckpointRecord]]:
+    """The trial's MLflow run id and its deleted checkpoints the run has not marked (none without a run)."""
+    run = store.tracker_run(trial_id, "mlflow")
+    if run is None:
+        return "", []
+    marked = set(run["checkpoints"])
+    return str(run["run_id"]), [c for c in store.checkpoints(trial_id=trial_id, include_deleted=True)
+                                if c.state == CheckpointState.DELETED and f"deleted:{c.uuid}" not in marked]
+
+
+def _send_marks(sinks: dict[int, MlflowSink], due: dict[int, tuple[str, list[CheckpointRecord]]],
+                done: list[tuple[int, str]], failed: list[Exception]) -> None:
+    """Tag each run's deleted checkpoints (on a daemon thread: an MLflow client that hangs holds nobody up)."""
+    try:
+        for trial_id, (run_id, checkpoints) in due.items():
+            sinks[trial_id].attach(run_id)
+            for checkpoint in checkpoints:
+                sinks[trial_id].record_deleted(checkpoint)
+                done.append((trial_id, checkpoint.uuid))
+    except Exception as exc:  # reported once by the caller
+        failed.append(exc)
 
 
 def open_forwarder(store: TrialStore, facts: TrialFacts, integrations: Integrations, *, only_existing: bool = False,
