@@ -147,6 +147,10 @@ class _WarmParent:
 
     def close(self) -> None:
         """Close the socket: the warm parent ends (its running trials get SIGTERM, as for a killed runner)."""
+        try:  # shut down first: a close alone leaves the listener's recv blocked and the parent sees no end
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # it ended already
+            pass
         self._sock.close()
         try:
             self._proc.wait(timeout=10)

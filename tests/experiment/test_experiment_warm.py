@@ -129,3 +129,16 @@ def test_a_model_def_that_starts_a_thread_starts_cold_with_one_warning(
     assert err.count("warm trial processes: importing model_def:WarmTrial starts a thread") == 1, err
     assert [[m["warm"] for m in ms] for _, ms in sorted(marks.items())] == [[False], [False]]
     assert {t.state for t in store.trials()} == {"COMPLETED"}
+
+
+def test_closing_a_warm_parent_ends_it_on_its_own(tmp_path: Path) -> None:
+    """The runner's close is the parent's end of input: it exits by itself (exit code 0), not killed at the close's
+    10 s deadline (a close that left the runner's listener blocked in recv once held every experiment's end 10 s)."""
+    from determined_trials.experiment._warm import _WarmParent
+
+    (tmp_path / "model_def.py").write_text("from determined_trials import pytorch\n\n\n"
+                                           "class Trial(pytorch.PyTorchTrial):\n    pass\n")
+    parent = _WarmParent("model_def:Trial", tmp_path, tmp_path / "warm_parent.log")
+    assert parent.cold_reason is None, parent.cold_reason
+    parent.close()
+    assert parent._proc.returncode == 0, (tmp_path / "warm_parent.log").read_text()
