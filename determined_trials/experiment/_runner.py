@@ -59,10 +59,11 @@ class ExperimentRunner(TrialOutcomes):
                 self._start(self._queue[0])  # leaves the queue once running: a kill in between loses nothing
             if not self._running and (stopping or not self._queue):
                 return
-            self._reap()
+            reaped = self._reap()
             self._stamp_queued()
             self._display.update(self._searcher.progress())
-            time.sleep(_POLL_S)
+            if not reaped:  # an exit may have queued the next trial: start it now, not a poll later
+                time.sleep(_POLL_S)
 
     def _apply_stop(self) -> None:
         if self._stop_requests > self._stop_requests_seen:  # a new signal: from `experiment kill`? (even mid-pause)
@@ -91,15 +92,19 @@ class ExperimentRunner(TrialOutcomes):
             with contextlib.suppress(Exception):
                 running.proc.wait(timeout=30)
 
-    def _reap(self) -> None:
+    def _reap(self) -> bool:
+        """Handle the trial processes that ended; whether there was one."""
+        reaped = False
         for trial_id, running in list(self._running.items()):
             code = running.proc.poll()
             if code is not None:
+                reaped = True
                 del self._running[trial_id]
                 self.store.end_trial_attempt(trial_id)  # the attempt's wall: queued to the process's exit
                 self._free_gpus.extend(running.gpus)
                 self._on_exit(running, code)
                 self._save_state()
+        return reaped
 
     # -- starting ---------------------------------------------------------------------------------
     def _start(self, work: Work) -> None:
