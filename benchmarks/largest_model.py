@@ -18,7 +18,8 @@ are within ``--tolerance`` (10 %) of each other or the config's ``--budget`` sec
 With offload, the host holds each parameter's fp32 master copy, Adam moments and fp32 gradient and its
 bf16 copy (18 bytes); a depth whose estimate exceeds 85 % of the host's available memory, less 8 GiB, is
 not tried (a host out-of-memory would kill the try, or worse): that depth is the search's cap, printed.
-Every try prints one JSON line as it ends, so a run cut short keeps what finished; the last lines are the
+A try dies with this process (Linux's parent-death signal): a device command cut short leaves no try
+holding the GPU. Every try prints one JSON line as it ends, so a run cut short keeps what finished; the last lines are the
 summary (JSON, then one line of text). ``--smoke``: CPU accelerator, gloo, fp32, width 16, depths up to
 ``--max-depth`` 4, and a fake memory limit (``--fake-oom-above``, 3 blocks' parameters) above which a try
 raises ``torch.OutOfMemoryError`` as CUDA would.

@@ -1,14 +1,21 @@
 """benchmarks/largest_model.py on the CPU: the search (doubling, halving, bisection, cap, tolerance, a
 budget that ends it), how a try's end counts (oom, killed, too slow, error), and the ``--smoke`` run end
-to end: each try a DeepSpeedTrial in a process of its own, a fake memory limit, JSON lines, the summary."""
+to end: each try a DeepSpeedTrial in a process of its own, a fake memory limit, JSON lines, the summary;
+and a try does not outlive the search that started it."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import os
+import signal
+import subprocess
 import sys
+import textwrap
+import time
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -123,3 +130,43 @@ def test_smoke_run_finds_the_fake_limit_for_both_configs_and_prints_the_ratio() 
     assert summary["ratio"] == 1.0
     assert lines[-1].startswith("largest model on one device: zero2: 6,480 parameters (depth 3)"), lines[-1]
     assert lines[-1].endswith("ratio 1.00x (goal >= 3x)"), lines[-1]
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (a zombie not reaped yet counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+@pytest.mark.timeout(180)
+def test_a_try_dies_with_the_search_that_started_it() -> None:
+    """A device command cut short kills largest_model.py; its try (in a session of its own) must not live on
+    holding the GPU. The try here would train 100000 steps (minutes)."""
+    parent = textwrap.dedent(f"""
+        import os, subprocess, sys, time
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu", DET_LARGEST_PARENT=str(os.getpid()))
+        child = subprocess.Popen([sys.executable, {str(REPO / "benchmarks" / "_large_trial.py")!r}, "--smoke",
+                                  "--zero", "2", "--depth", "1", "--width", "16", "--seq", "4", "--steps", "100000"],
+                                 env=env, start_new_session=True, stderr=subprocess.DEVNULL)
+        print(child.pid, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    try:
+        time.sleep(8)  # into its imports or its training; either way past the start
+        assert not _gone(child)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while not _gone(child) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _gone(child), "the try outlived the search that started it"
+    finally:
+        if not _gone(child):
+            os.kill(child, signal.SIGKILL)
