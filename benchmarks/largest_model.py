@@ -19,10 +19,10 @@ With offload, the host holds each parameter's fp32 master copy, Adam moments and
 bf16 copy (18 bytes); a depth whose estimate exceeds 85 % of the host's available memory, less 8 GiB, is
 not tried (a host out-of-memory would kill the try, or worse): that depth is the search's cap, printed.
 A try dies with this process (Linux's parent-death signal): a device command cut short leaves no try
-holding the GPU. Every try prints one JSON line as it ends, so a run cut short keeps what finished; the last lines are the
-summary (JSON, then one line of text). ``--smoke``: CPU accelerator, gloo, fp32, width 16, depths up to
-``--max-depth`` 4, and a fake memory limit (``--fake-oom-above``, 3 blocks' parameters) above which a try
-raises ``torch.OutOfMemoryError`` as CUDA would.
+holding the GPU. Every try prints one JSON line as it ends, so a run cut short keeps what finished; the
+last lines are the summary (JSON, then one line of text). ``--smoke``: CPU accelerator, gloo, fp32,
+width 16, depths up to ``--max-depth`` 4, and a fake memory limit (``--fake-oom-above``, 3 blocks'
+parameters) above which a try raises ``torch.OutOfMemoryError`` as CUDA would.
 
 Sizing (for one device command of ``gpu_check.sh large``): ``--budget`` 100 s of tries for ZeRO-2 and
 150 s for offload (an offloaded 5B-parameter try is estimated at about a minute: pinning the host
