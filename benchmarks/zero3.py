@@ -1,19 +1,20 @@
 """A DeepSpeedTrial with ZeRO stage 3 under ``Trainer.fit`` on 2 processes against a raw DeepSpeed engine loop
 on the same model, config and batches: seconds per batch.
 
-Usage: python benchmarks/zero3.py [--rounds 7] [--batches 40] [--width 512] [--depth 4] [--quick]
+Usage: python benchmarks/zero3.py [--rounds 7] [--batches 40] [--width 256] [--depth 4] [--quick]
 
 Two gloo rank processes (DeepSpeed's CPU accelerator, ``DET_DEEPSPEED_SHM_COMM=0``: no JIT-built shm op) run
-the rounds. Both sides build the MLP of ``hsdp.py`` (``--depth`` blocks of width -> 2 width -> width; 4.2M
-parameters by default) partitioned (``zero.Init``; ``context.zero_init`` in the trial) into a ZeRO-3 engine
-(``torch_adam``, no offload, micro-batch ``BATCH`` a rank, no accumulation: a batch is ``2 * BATCH`` records
-and one step). Each round, in an order that alternates between rounds, times (1) ``Trainer.fit`` of a
-DeepSpeedTrial over a ``det.pytorch.DataLoader`` (no checkpoints, a report every 20 batches) and (2) a raw
-loop: a ``DistributedSampler`` loader, ``engine(x)``, ``engine.backward``, ``engine.step``. Both time the
-batches from the start of batch ``WARM`` to the start of the last one (the harness's reports in between
-count; engine building, its start and its end-of-fit validation do not), and, within that, the time outside
-the engine calls (fetching the batch, the loop, the harness's per-batch work). Times are rank 0's; the ratio
-is the median of per-round ratios.
+the rounds. Both sides build the MLP of ``hsdp.py`` (``--depth`` blocks of width -> 2 width -> width; 1.1M
+parameters by default, so that a batch takes tens of milliseconds and per-batch harness costs show)
+partitioned (``zero.Init``; ``context.zero_init`` in the trial) into a ZeRO-3 engine (``torch_adam``, no
+offload, micro-batch ``BATCH`` a rank, no accumulation: a batch is ``2 * BATCH`` records and one step). Each
+round, in an order that alternates between rounds, times (1) ``Trainer.fit`` of a DeepSpeedTrial over a
+``det.pytorch.DataLoader`` (no checkpoints, a report every 20 batches) and (2) a raw loop: a
+``DistributedSampler`` loader, ``engine(x)``, ``engine.backward``, ``engine.step``. Both time the batches
+from the start of batch ``WARM`` to the start of the last one (the harness's reports in between count;
+engine building, its start and its end-of-fit validation do not), and, within that, the time outside the
+engine calls (fetching the batch, the loop, the harness's per-batch work). Times are rank 0's; the ratio is
+the median of per-round ratios.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ def _rank_main(args: argparse.Namespace) -> None:
 
 def main() -> None:
     """Start the 2 ranks, wait, print the medians."""
-    args = parse_args(__doc__.splitlines()[0], width=512)
+    args = parse_args(__doc__.splitlines()[0], width=256)
     if args.out:
         _rank_main(args)
         return

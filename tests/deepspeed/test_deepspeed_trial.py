@@ -134,23 +134,21 @@ def test_from_config_builds_a_context_for_debugging() -> None:
     assert metrics["loss"].item() > 0 and trial.engine.global_steps == 1
 
 
-@pytest.mark.parametrize(("local_world_size", "local_size"), [(None, "1"), ("2", "2")])
 def test_deepspeed_is_told_the_local_size_so_its_cpu_accelerator_forks_no_numactl(
-        monkeypatch: pytest.MonkeyPatch, local_world_size: str | None, local_size: str) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from deepspeed.accelerator import get_accelerator
 
     def no_process(*args: Any, **kwargs: Any) -> None:
         raise AssertionError(f"DeepSpeed ran {args} to count its devices")
 
     monkeypatch.delenv("LOCAL_SIZE", raising=False)
-    if local_world_size is None:  # a lone process
-        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    else:  # torchrun's (and launch.torch_distributed's) name for it
-        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    start_deepspeed_distributed()  # a lone process: nothing a job it launches later would inherit
+    assert "LOCAL_SIZE" not in os.environ
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # a rank of torchrun (or launch.torch_distributed)
     monkeypatch.setattr(subprocess, "check_output", no_process)  # `numactl --hardware`, once per ZeRO-3 backward
     start_deepspeed_distributed()
-    assert os.environ["LOCAL_SIZE"] == local_size
-    assert get_accelerator().device_count() == int(local_size)
+    assert os.environ["LOCAL_SIZE"] == "2" and get_accelerator().device_count() == 2
 
 
 def test_overwrite_deepspeed_config_merges_leaves_and_leaves_inputs_alone(tmp_path: Path) -> None:
