@@ -139,9 +139,11 @@ example-deepspeed: venv
 		examples/deepspeed_digits/const.yaml examples/deepspeed_digits
 	$(BIN)/det-trials --run-dir $(DEEPSPEED_EXAMPLE_RUN_DIR) checkpoint list
 
-# DeepSpeedTrial through Trainer.fit against a hand-written DeepSpeed engine loop (ZeRO 0 and 2, 1 process).
+# DeepSpeedTrial through Trainer.fit against a hand-written DeepSpeed engine loop (ZeRO 0 and 2, 1 process;
+# then ZeRO 3 on 2 processes).
 benchmark-deepspeed: venv
 	DET_DEEPSPEED_SHM_COMM=0 $(BIN)/python benchmarks/deepspeed_overhead.py
+	DET_DEEPSPEED_SHM_COMM=0 $(BIN)/python benchmarks/zero3.py
 
 .PHONY: example-deepspeed benchmark-deepspeed
 

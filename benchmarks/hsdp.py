@@ -20,6 +20,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from torch import nn
 
 from determined_trials import pytorch
 
-__all__ = ["main"]
+__all__ = ["main", "parse_args", "raw_batches"]
 
 REPORT = 20  # batches between the harness's metric reports
 WARM = 2  # batches before the timed span (the first allocates the optimizer state)
@@ -96,24 +97,30 @@ def _harness(args: argparse.Namespace, run_dir: Path) -> float:
 def _raw(args: argparse.Namespace, mesh: Any) -> float:
     model = _model(args.width, args.depth, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    data = _data(args.width)
     starts: list[float] = []
+    for x, y in raw_batches(_data(args.width), args.batches):
+        starts.append(time.perf_counter())
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return _per_batch(starts)
+
+
+def raw_batches(data: torch.utils.data.Dataset[Any], batches: int) -> Iterator[Any]:
+    """The raw loops' data: ``batches`` batches of ``BATCH`` records of this rank's ``DistributedSampler`` shard,
+    epoch after epoch (shared with benchmarks/zero3.py)."""
     sampler = torch.utils.data.DistributedSampler(data, seed=1)
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=sampler)
     done, epoch = 0, 0
-    while done < args.batches:
+    while True:
         sampler.set_epoch(epoch)
-        for x, y in loader:
-            starts.append(time.perf_counter())
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+        for batch in loader:
+            yield batch
             done += 1
-            if done == args.batches:
-                break
+            if done == batches:
+                return
         epoch += 1
-    return _per_batch(starts)
 
 
 def _rank_main(args: argparse.Namespace) -> None:
@@ -138,12 +145,13 @@ def _rank_main(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps(rows))
 
 
-def main() -> None:
-    """Start the 2 ranks, wait, print the medians."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(description: str, *, width: int) -> argparse.Namespace:
+    """The arguments of a 2-rank per-batch benchmark (shared with benchmarks/zero3.py); ``--quick`` sets a smoke
+    run's."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--batches", type=int, default=40)
-    parser.add_argument("--width", type=int, default=768)
+    parser.add_argument("--width", type=int, default=width)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 8 batches of a small model")
@@ -151,6 +159,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.batches, args.width, args.depth = 2, 8, 64, 2
+    return args
+
+
+def main() -> None:
+    """Start the 2 ranks, wait, print the medians."""
+    args = parse_args(__doc__.splitlines()[0], width=768)
     if args.out:
         _rank_main(args)
         return

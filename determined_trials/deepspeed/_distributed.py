@@ -39,6 +39,16 @@ def _skip_shm_op_if_asked() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # DeepSpeed then uses gloo only
 
 
+def _tell_the_local_size() -> None:
+    """Under torchrun (or ``launch.torch_distributed``) set ``LOCAL_SIZE``, the ranks on this machine as
+    DeepSpeed's own launcher sets it, from ``LOCAL_WORLD_SIZE``: without it DeepSpeed's CPU accelerator counts
+    its devices by running ``numactl --hardware``, a process forked in every ZeRO-3 backward (about 1 ms a
+    batch). A lone process sets nothing: a job it launched later would inherit the variable."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local:
+        os.environ.setdefault("LOCAL_SIZE", local)
+
+
 def start_deepspeed_distributed() -> core.DistributedContext | None:
     """Initialise torch.distributed through DeepSpeed (once per process) and return the job's
     DistributedContext, or None for a job of one process.
@@ -62,6 +72,7 @@ def start_deepspeed_distributed() -> core.DistributedContext | None:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
                                 timeout=timeout)
     os.environ.setdefault("LOCAL_RANK", "0")
+    _tell_the_local_size()
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timeout, verbose=False)
     if size <= 1:
         return None

@@ -80,6 +80,18 @@ def test_hsdp_benchmark_quick_run_prints_its_ratio() -> None:
                      re.MULTILINE), proc.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(QUICK_S + 60)
+def test_zero3_benchmark_quick_run_prints_its_rounds_and_ratio() -> None:
+    proc = run_in_group([sys.executable, str(REPO / "benchmarks" / "zero3.py"), "--quick", "--timeout", str(QUICK_S)],
+                        timeout=QUICK_S, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(re.findall(r"^round \d/2: Trainer.fit \d+\.\d+ ms/batch", proc.stdout, re.MULTILINE)) == 2, proc.stdout
+    assert re.search(r"Trainer.fit / raw \(median of per-round ratios\): \d+\.\d+ \(min \d+\.\d+, max \d+\.\d+\); "
+                     r"outside the engine calls .*: Trainer.fit \d+\.\d+ ms/batch, raw \d+\.\d+ ms/batch$",
+                     proc.stdout, re.MULTILINE), proc.stdout
+
+
 
 @pytest.mark.timeout(300)
 def test_ui_latency_benchmark_quick_run_prints_its_figures() -> None:

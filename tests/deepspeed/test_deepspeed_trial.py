@@ -5,6 +5,7 @@ weights as the equivalent PyTorchTrial, sharded checkpoints and their consolidat
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import determined_trials as det
 from determined_trials import deepspeed as det_ds
 from determined_trials import pytorch
 from determined_trials.cli.main import main as cli_main
+from determined_trials.deepspeed._distributed import start_deepspeed_distributed
 from determined_trials.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact values, CPU tensors and bf16 AMP (docs/gpu.md)
@@ -130,6 +132,23 @@ def test_from_config_builds_a_context_for_debugging() -> None:
     loader = trial.build_training_data_loader()
     metrics = trial.train_batch(iter(loader), 0, 0)
     assert metrics["loss"].item() > 0 and trial.engine.global_steps == 1
+
+
+def test_deepspeed_is_told_the_local_size_so_its_cpu_accelerator_forks_no_numactl(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepspeed.accelerator import get_accelerator
+
+    def no_process(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"DeepSpeed ran {args} to count its devices")
+
+    monkeypatch.delenv("LOCAL_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    start_deepspeed_distributed()  # a lone process: nothing a job it launches later would inherit
+    assert "LOCAL_SIZE" not in os.environ
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # a rank of torchrun (or launch.torch_distributed)
+    monkeypatch.setattr(subprocess, "check_output", no_process)  # `numactl --hardware`, once per ZeRO-3 backward
+    start_deepspeed_distributed()
+    assert os.environ["LOCAL_SIZE"] == "2" and get_accelerator().device_count() == 2
 
 
 def test_overwrite_deepspeed_config_merges_leaves_and_leaves_inputs_alone(tmp_path: Path) -> None:
