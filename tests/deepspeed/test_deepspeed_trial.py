@@ -141,8 +141,9 @@ def test_deepspeed_is_told_the_local_size_so_its_cpu_accelerator_forks_no_numact
     def no_process(*args: Any, **kwargs: Any) -> None:
         raise AssertionError(f"DeepSpeed ran {args} to count its devices")
 
-    monkeypatch.delenv("LOCAL_SIZE", raising=False)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for name in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE"):  # set first, so that the test's end removes what the call sets
+        monkeypatch.setenv(name, "")  # (a delenv of an unset variable records nothing to undo: LOCAL_SIZE=2 leaked
+        monkeypatch.delenv(name)  # into later tests' processes, and a 2-node Ray DeepSpeed trial saw 2 local ranks)
     start_deepspeed_distributed()  # a lone process: nothing a job it launches later would inherit
     assert "LOCAL_SIZE" not in os.environ
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # a rank of torchrun (or launch.torch_distributed)
