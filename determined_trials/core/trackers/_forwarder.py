@@ -145,8 +145,8 @@ class TrackerForwarder:
             assert known is not None
         progress = Progress.from_record(known["forwarded_id"], known["progress"])
         from_step = progress.next_step
-        if run.sink.rewinds:  # from the restart's step: the lost attempt's points after its checkpoint are dropped
-            from_step = min(from_step, self._restart_step) if self._restart_step is not None else from_step
+        if run.sink.rewinds and self._restart_step is not None:  # the lost attempt's points after its checkpoint go
+            from_step = min(from_step, self._restart_step)
             rewound = progress.rewound(from_step)
             if rewound != progress:  # kept before the run drops anything
                 self._store.set_tracker_forwarded(self._trial_id, run.sink.name, rewound.forwarded, rewound.as_json())

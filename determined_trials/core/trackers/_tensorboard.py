@@ -67,17 +67,19 @@ class ScalarWriter:
         _write_start(writer, step)
         writer.flush()
 
-    def add_scalars(self, step: int, scalars: list[tuple[str, float]], *, flush: bool = False,
-                    wall_time: float | None = None) -> None:
-        """Add one event holding every (tag, value) at ``step`` (reported at ``wall_time``, default now). Events
-        are written and flushed together: with this one when ``flush`` or a second has passed since the last flush
-        (frequent reports share one write), and at ``flush()``/``close()``."""
-        if not scalars:
-            return
+    def add_scalars(self, step: int, scalars: list[tuple[str, float]], *, flush: bool = False) -> None:
+        """Add one event holding every (tag, value) at ``step``, now. Events are written and flushed together:
+        with this one when ``flush`` or a second has passed since the last flush (frequent reports share one
+        write), and at ``flush()``/``close()``."""
         now = time.time()
-        self._held.append((now if wall_time is None else wall_time, step, scalars))
-        if flush or now - self._flushed_at >= FLUSH_INTERVAL_S:
+        self.hold(step, scalars, now)
+        if scalars and (flush or now - self._flushed_at >= FLUSH_INTERVAL_S):
             self.flush()
+
+    def hold(self, step: int, scalars: list[tuple[str, float]], wall_time: float) -> None:
+        """Hold one event of every (tag, value) at ``step``, reported at ``wall_time``, until ``flush()``."""
+        if scalars:
+            self._held.append((wall_time, step, scalars))
 
     def flush(self) -> None:
         """Write the held events, in order, and flush the file."""
@@ -136,9 +138,9 @@ class TensorBoardSink:
 
     def log(self, rows: Sequence[MetricRecord]) -> None:
         assert self._writer is not None, "resume() opens the event file"
-        for row in rows:
+        for row in rows:  # one write and flush per pass of the forwarder
             scalars = [(tag_for(row.group, key), value) for key, value in numbers(row).items()]
-            self._writer.add_scalars(row.steps_completed, scalars, wall_time=row.reported_time.timestamp())
+            self._writer.hold(row.steps_completed, scalars, row.reported_time.timestamp())
         self._writer.flush()
 
     def record_checkpoint(self, checkpoint: CheckpointRecord) -> None:
