@@ -1,17 +1,20 @@
 """The experiment runner's cost per trial: a search of many short trials, cold against warm trial processes,
 and trial process start to its first batch, fresh and promoted.
 
-Usage: python benchmarks/trial_start.py [--trials 100] [--only cold|warm] [--rounds 7] [--quick]
+Usage: python benchmarks/trial_start.py [--trials 100] [--only cold|warm] [--search-rounds 1] [--rounds 7] [--quick]
 
 The search (``--trials N``, 0 to skip): ``det-trials experiment create`` of a random search of N trials of 20
 batches that sleep 50 ms each (about one second of training; the loop's ``train`` time part measures it), one
 trial at a time, with ``resources: {warm_processes: false}`` (cold: a new interpreter per trial) and with warm
-trial processes (forked from a warm parent), in the same run. Printed per mode: experiment wall time over the
-sum of the trials' training time (the store's ``train`` parts), the median of each trial's seconds from the
-runner starting its process (``DET_TRIAL_SPAWNED_AT``) to its first batch, and the summed time parts; then warm
-over cold.
+trial processes (forked from a warm parent), in the same run (``--search-rounds N``: N searches per mode, the
+modes interleaved, medians printed). Printed per search: experiment wall time (the ``experiment create``
+command's, from its start to its exit) over the sum of the trials' training time (the store's ``train`` parts),
+the same for the trials' own walls summed (queued to exit: the command's start-up and the runner's work between
+trials left out), the median of each trial's seconds from the runner starting its process
+(``DET_TRIAL_SPAWNED_AT``) to its first batch, and the summed time parts; then warm over cold.
 
-Each round runs ``det-trials experiment create`` on an adaptive ASHA search of 2 tiny PyTorchTrials
+Each round runs ``det-trials experiment create`` (cold trial processes: a warm one is forked ahead, so its
+process start says nothing) on an adaptive ASHA search of 2 tiny PyTorchTrials
 (2 rungs, divisor 2: both trials to 4 batches, the better one promoted and resumed from its checkpoint
 in a new process to 8 batches) and, interleaved, a plain script doing the same import and one
 training step. Each trial process writes the seconds from its own start (``/proc/self/stat``) to
@@ -97,6 +100,7 @@ _CONFIG = {
     "searcher": {"name": "adaptive_asha", "metric": "validation_loss", "max_trials": 2, "max_rungs": 2,
                  "divisor": 2, "max_length": {"batches": 8}, "max_concurrent_trials": 1},
     "reproducibility": {"experiment_seed": 3}, "max_restarts": 0,
+    "resources": {"warm_processes": False},  # a new interpreter per trial: a warm one's process began long before
 }
 
 
@@ -150,7 +154,7 @@ def _search(work: Path, trials: int, warm: bool) -> dict[str, float]:
 
     mode = "warm" if warm else "cold"
     folder = work / f"search-{mode}"
-    (folder / "ctx").mkdir(parents=True)
+    (folder / "ctx").mkdir(parents=True)  # a fresh run folder per search
     (folder / "ctx" / "model_def.py").write_text(_SEARCH_TRIAL)
     (folder / "config.json").write_text(json.dumps(_search_config(trials, warm)))
     out = folder / "starts.jsonl"
@@ -166,25 +170,35 @@ def _search(work: Path, trials: int, warm: bool) -> dict[str, float]:
     parts = store.experiment_time(store.experiments()[0].id, now=time.time())
     store.close()
     firsts = [json.loads(line)["to_first_batch"] for line in out.read_text().splitlines()]
+    parts["trials_wall"] = parts.pop("wall")  # the trials' walls summed; the experiment's is the command's
     return {"wall": wall, "first_batch": statistics.median(firsts), "trials": len(firsts), **parts}
 
 
-def _print_search(trials: int, work: Path, only: str | None) -> None:
-    rows = {}
-    for warm in [m == "warm" for m in ("cold", "warm") if only in (None, m)]:
-        mode = "warm" if warm else "cold"
-        row = rows[mode] = _search(work, trials, warm)
-        print(f"search of {int(row['trials'])} trials, {mode}: experiment wall {row['wall']:.1f} s "
-              f"= {row['wall'] / row['train']:.2f}x the trials' training ({row['train']:.1f} s); trial start to "
-              f"first batch, median {row['first_batch']:.2f} s; summed parts: "
-              + ", ".join(f"{k} {row[k]:.1f} s" for k in ("queued", "start", "build", "train", "validation",
-                                                           "checkpoint", "other", "wall"))
-              + f"; goodput {row['goodput']:.2f}", flush=True)
-    if len(rows) < 2:
-        return
-    cold, warm = rows["cold"], rows["warm"]
-    print(f"warm / cold: experiment wall {warm['wall'] / cold['wall']:.2f}x, trial start to first batch "
-          f"{warm['first_batch'] / cold['first_batch']:.2f}x\n", flush=True)
+def _print_search(trials: int, work: Path, only: str | None, rounds: int) -> None:
+    """``rounds`` searches per mode, the modes interleaved; each one's line, then the medians."""
+    modes = [m for m in ("cold", "warm") if only in (None, m)]
+    rows: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+    for rnd in range(rounds):
+        for mode in modes if rnd % 2 == 0 else modes[::-1]:
+            row = _search(work / f"round-{rnd}", trials, mode == "warm")
+            rows[mode].append(row)
+            print(f"round {rnd + 1}/{rounds}, search of {int(row['trials'])} trials, {mode}: experiment wall "
+                  f"{row['wall']:.1f} s = {row['wall'] / row['train']:.3f}x the trials' training ({row['train']:.1f} s;"
+                  f" their own walls summed {row['trials_wall'] / row['train']:.3f}x); trial start to first batch, "
+                  f"median {row['first_batch']:.2f} s; summed parts: "
+                  + ", ".join(f"{k} {row[k]:.1f} s" for k in ("queued", "start", "build", "train", "validation",
+                                                               "checkpoint", "other", "trials_wall"))
+                  + f"; goodput {row['goodput']:.2f}", flush=True)
+    for mode, done in rows.items():
+        ratios = sorted(row["wall"] / row["train"] for row in done)
+        print(f"{mode}: experiment wall / the trials' training, median of {len(done)} searches "
+              f"{statistics.median(ratios):.3f}x (searches {ratios[0]:.3f}-{ratios[-1]:.3f}); trial start to first "
+              f"batch {statistics.median(row['first_batch'] for row in done):.2f} s", flush=True)
+    if len(rows) == 2:
+        pairs = list(zip(rows["cold"], rows["warm"]))
+        wall = statistics.median(w["wall"] / c["wall"] for c, w in pairs)
+        first = statistics.median(w["first_batch"] / c["first_batch"] for c, w in pairs)
+        print(f"warm / cold: experiment wall {wall:.2f}x, trial start to first batch {first:.2f}x\n", flush=True)
 
 
 def _experiment(work: Path) -> tuple[list[dict[str, float]], float]:
@@ -214,6 +228,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=100, help="trials of the cold/warm search (0: skip it)")
     parser.add_argument("--only", choices=("cold", "warm"), help="run the search in this mode only")
+    parser.add_argument("--search-rounds", type=int, default=1, help="searches per mode, interleaved (medians)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of the ASHA start measurement (0: skip)")
     parser.add_argument("--quick", action="store_true", help="smoke run: a search of 4 trials, 1 round")
     args = parser.parse_args()
@@ -221,7 +236,7 @@ def main() -> None:
         args.trials, args.rounds = 4, 1
     if args.trials > 0:
         with tempfile.TemporaryDirectory(prefix="det-search-bench-") as tmp:
-            _print_search(args.trials, Path(tmp), args.only)
+            _print_search(args.trials, Path(tmp), args.only, max(1, args.search_rounds))
     if args.rounds <= 0:
         return
     rows: dict[str, list[float]] = {"fresh": [], "promoted": [], "plain": [], "per_process": []}

@@ -199,7 +199,7 @@ class Context:
         if facts.tensorboard_dir is None:
             return None
         forwarder = open_forwarder(self.store, facts, self._make_parts.config.integrations, before_pass=flush_due)
-        if forwarder is not None:  # the event file and its restart marker before the trial's own TensorBoard files
+        if forwarder is not None and not facts.first_process:  # the restart marker before the trial's own events
             forwarder.first_pass.wait(_FIRST_PASS_TIMEOUT_S)
         return forwarder
 

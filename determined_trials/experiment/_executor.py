@@ -30,6 +30,7 @@ class TrialJob:
     log_path: Path
     echo: Callable[[str], None]
     gpus: tuple[str, ...] = ()
+    wake: Callable[[], None] = lambda: None  # the runner's: the trial may have ended (poll it now, not later)
 
     @property
     def prefix(self) -> str:
@@ -91,9 +92,9 @@ class LocalExecutor:
                                 config_path=job.config_path, extra=extra)
         spec = warm_spec(job.entrypoint, job.slots) if self._warm is not None else None
         child = None if spec is None or self._warm is None else self._warm.fork(
-            spec, job.model_dir, env, job.log_path.parent)
+            spec, job.model_dir, env, job.log_path.parent, on_exit=job.wake)
         return TrialProcess(trial_command(job.entrypoint), env=env, cwd=job.model_dir, log_path=job.log_path,
-                            prefix=job.prefix, echo=job.echo, child=child)
+                            prefix=job.prefix, echo=job.echo, child=child, on_output_end=job.wake)
 
     def close(self) -> None:
         """End the warm parents."""

@@ -16,12 +16,20 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from determined_trials.errors import ConfigError
 
-__all__ = ["PREFLIGHT_TIMEOUT_S", "PreflightError", "check_command", "check_entrypoint", "trial_spec_of"]
+__all__ = [
+    "PREFLIGHT_TIMEOUT_S", "PreflightError", "PreflightRun", "check_command", "check_entrypoint", "run_check",
+    "trial_spec_of",
+]
+
+PreflightRun = Callable[[list[str], Path, float], "tuple[int, str, str] | None"]
+"""Runs the check (``run_check``'s arguments, the folder, a timeout): (exit status, stdout, stderr), None when
+it could not (then it runs as its own process); ``subprocess.TimeoutExpired`` past the timeout."""
 
 PREFLIGHT_TIMEOUT_S = 300.0
 _DOTTED_CLASS = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)\.([A-Za-z_][A-Za-z0-9_]*)$")  # `model_def.MyTrial`
@@ -84,33 +92,45 @@ def check_command(entrypoint: str | list[str] | tuple[str, ...] | None, context_
                              f"{context_dir} has no {script}")
 
 
-def check_entrypoint(config: Any, model_dir: Path, timeout: float = PREFLIGHT_TIMEOUT_S) -> None:
-    """Raise ``PreflightError``/``ConfigError`` when the entrypoint's trial class cannot run."""
+def check_entrypoint(config: Any, model_dir: Path, timeout: float = PREFLIGHT_TIMEOUT_S,
+                     run: PreflightRun | None = None) -> None:
+    """Raise ``PreflightError``/``ConfigError`` when the entrypoint's trial class cannot run. ``run``: where the
+    check runs (a warm parent's fork); by default, and when it cannot, a process of its own."""
     spec = trial_spec_of(config.entrypoint)
     if spec is None:
         return  # a script: nothing to check without running it
     text, context = spec
-    context_dir = model_dir / context if context else model_dir
-    cmd = [sys.executable, "-m", "determined_trials.experiment._preflight", text, str(context_dir)]
+    args = [text, str(model_dir / context if context else model_dir)]
     try:
-        done = subprocess.run(cmd, cwd=model_dir, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        done = (run or _no_run)(args, model_dir, timeout) or _run_process(args, model_dir, timeout)
     except subprocess.TimeoutExpired:
         raise PreflightError(f"importing the entrypoint's trial {text!r} took more than {timeout:.0f} s; "
                              "does the module train or download at import time?") from None
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        message = lines[-1] if lines else f"exit status {done.returncode}"
+    code, stdout, stderr = done
+    if code != 0:
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        message = lines[-1] if lines else f"exit status {code}"
         raise PreflightError(f"the config's entrypoint cannot run: {message.removeprefix('error: ')}")
     from determined_trials.launch import family_named
 
-    family = family_named(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "")
+    family = family_named(stdout.strip().splitlines()[-1] if stdout.strip() else "")
     if family is not None and family.needs_global_batch_size and "global_batch_size" not in config.hyperparameters:
         raise ConfigError(f"hyperparameters: a {family.name} needs `global_batch_size` (the batch size summed "
                           "over all processes); add e.g. `global_batch_size: 32` under hyperparameters")
 
 
-def _main(argv: list[str]) -> int:
+def _no_run(args: list[str], cwd: Path, timeout: float) -> None:
+    return None
+
+
+def _run_process(args: list[str], cwd: Path, timeout: float) -> tuple[int, str, str]:
+    cmd = [sys.executable, "-m", "determined_trials.experiment._preflight", *args]
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return done.returncode, done.stdout, done.stderr
+
+
+def run_check(argv: list[str]) -> int:
+    """``SPEC CONTEXT_DIR``: print the trial class's family (exit status 0), or the error on stderr (2)."""
     from determined_trials.launch import TrialSpecError, claimed_family, import_trial_class, parse_trial_spec
 
     text, context_dir = argv
@@ -135,4 +155,4 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(run_check(sys.argv[1:]))

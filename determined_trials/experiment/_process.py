@@ -41,12 +41,14 @@ class TrialProcess:
         prefix: str,
         echo: Callable[[str], None],
         child: Any = None,
+        on_output_end: Callable[[], None] = lambda: None,
     ) -> None:
         self.cmd = list(cmd)
         self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.terminated = False
         self._echo = echo
         self._prefix = prefix
+        self._on_output_end = on_output_end  # the process ended (or closed its output): poll may have news
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the reader thread
@@ -79,6 +81,7 @@ class TrialProcess:
         finally:
             stream.close()
             self._log.close()
+            self._on_output_end()
 
     def poll(self) -> int | None:
         """The exit status once the process ended and its output was read, else None."""

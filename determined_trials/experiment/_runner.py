@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 
@@ -63,7 +62,8 @@ class ExperimentRunner(TrialOutcomes):
             self._stamp_queued()
             self._display.update(self._searcher.progress())
             if not reaped:  # an exit may have queued the next trial: start it now, not a poll later
-                time.sleep(_POLL_S)
+                self._trial_news.wait(_POLL_S)  # a trial's end wakes it at once (signals: a poll later)
+                self._trial_news.clear()
 
     def _apply_stop(self) -> None:
         if self._stop_requests > self._stop_requests_seen:  # a new signal: from `experiment kill`? (even mid-pause)
@@ -146,6 +146,7 @@ class ExperimentRunner(TrialOutcomes):
             launch=launch, entrypoint=self._config.entrypoint, slots=self._config.resources.slots_per_trial,
             run_dir=self.store.path, trial_dir=trial_dir, model_dir=self._model_dir, config_path=self._config_path,
             log_path=self._exp_dir / f"trial_{trial_id}.log", echo=self._echo_for(trial_id), gpus=tuple(gpus),
+            wake=self._trial_news.set,
         ))
         self._queue.remove(work)
         self._running[trial_id] = RunningTrial(work, int(length), proc, gpus)

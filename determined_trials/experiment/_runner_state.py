@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ class RunnerState:
         self._queue: list[Work] = []
         self._free_gpus = list(gpus or [])
         self._running: dict[int, RunningTrial] = {}
+        self._trial_news = threading.Event()  # set by an executor when a trial may have ended
         self._echoes: dict[int, TracebackCondenser] = {}  # per trial, kept across its restarts
         self._ended_by_searcher: dict[int, tuple[Work, int]] = {}  # trial id -> (work, last length)
         self._stop_requests = 0

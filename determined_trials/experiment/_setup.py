@@ -29,6 +29,7 @@ from determined_trials.experiment._runner import ExperimentRunner
 from determined_trials.experiment._snapshot import DEFAULT_MAX_CONTEXT_BYTES, snapshot_context
 from determined_trials.experiment._study_warm_start import earlier_trials, tell_earlier_trials
 from determined_trials.experiment._tracebacks import SOURCE_FILE
+from determined_trials.experiment._warm import preflight_ahead, warm_parent_ahead, warm_spec
 from determined_trials.experiment._warm_start import resolve_warm_start
 
 __all__ = ["ExperimentError", "ExperimentResult", "continue_experiment", "create_experiment", "fork_trial",
@@ -142,6 +143,22 @@ def create_experiment(
     if parsed.entrypoint is None:
         raise ConfigError("the experiment config has no entrypoint; add e.g. `entrypoint: model_def:MyTrial` "
                           "(a PyTorchTrial) or `entrypoint: python3 train.py` (a Core API script)")
+    with warm_parent_ahead(ray is None and _starts_warm(parsed)):  # imports torch while the rest is set up
+        return _create(parsed, context_dir, run_dir, max_parallel, max_context_bytes, display, searcher_factory,
+                       ray, fork)
+
+
+def _starts_warm(config: ExperimentConfig) -> bool:
+    slots = config.resources.slots_per_trial
+    return config.resources.warm_processes and warm_spec(config.entrypoint, slots) is not None
+
+
+def _create(
+    parsed: ExperimentConfig, context_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str] | None,
+    max_parallel: int | None, max_context_bytes: int, display: Display | None, searcher_factory: SearcherFactory | None,
+    ray: str | None, fork: ForkStart | None,
+) -> ExperimentResult:
+    """``create_experiment`` once the config parsed: the checks, the snapshot, the records, the run."""
     try:
         check_command(parsed.entrypoint, Path(context_dir).resolve())
     except PreflightError as exc:
@@ -165,7 +182,7 @@ def create_experiment(
         display.echo(f"det-trials: {tell_earlier_trials(searcher, earlier)}")
     staging = _snapshot_to_staging(Path(context_dir), run_path, max_context_bytes, display, verbatim=fork is not None)
     try:
-        check_entrypoint(parsed, staging / "model")
+        check_entrypoint(parsed, staging / "model", run=preflight_ahead)  # in the warm parent's fork, if one
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(exc, PreflightError):

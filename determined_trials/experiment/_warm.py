@@ -3,28 +3,32 @@ folder, and the forked trial process as ``TrialProcess`` sees it (a ``Popen`` lo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from determined_trials.experiment._launch import _DROPPED_ENV
+from determined_trials.experiment._launch import _DROPPED_ENV, CONFIG_ENV
 from determined_trials.experiment._zygote import file_digest
 from determined_trials.launch import LEGACY_ENTRYPOINT, die_with_parent
 
-__all__ = ["WarmParents", "warm_spec"]
+__all__ = ["WarmParents", "preflight_ahead", "warm_parent_ahead", "warm_spec"]
 
 _READY_TIMEOUT_S = 600.0  # importing torch and a model_def on a loaded machine
 _MAX_MESSAGE = 1 << 20
-# not `-m`: the experiment package imports the module before runpy would run it
-_ZYGOTE_MAIN = "import sys; from determined_trials.experiment._zygote import main; sys.exit(main(sys.argv[1:]))"
+# not `-m`: the experiment package imports the module before runpy would run it. The collector is off while it
+# imports (~20 % of importing torch); ``_zygote`` freezes what it imported, then turns it on.
+_ZYGOTE_MAIN = ("import gc, sys; gc.disable(); from determined_trials.experiment._zygote import main; "
+                "sys.exit(main(sys.argv[1:]))")
 
 
 def warm_spec(entrypoint: Any, slots: int) -> str | None:
@@ -59,26 +63,64 @@ class _ForkedChild:
 class _WarmParent:
     """One warm parent process: started, imported, forking trials on request."""
 
-    def __init__(self, spec: str, model_dir: Path, log_path: Path) -> None:
+    def __init__(self) -> None:
+        """Start it: it imports torch and this package, then waits for ``begin``."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
         env["PYTHONUNBUFFERED"] = "1"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", _ZYGOTE_MAIN, spec, str(theirs.fileno())],
-                cwd=model_dir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                pass_fds=(theirs.fileno(),), start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM),
-            )
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _ZYGOTE_MAIN, str(theirs.fileno())],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(theirs.fileno(),), start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM),
+        )
         theirs.close()
         self._sock = ours
-        self._sock.settimeout(_READY_TIMEOUT_S)
         self.changed = threading.Condition()
         self._exits: dict[int, int] = {}
         self._pids: list[int] = []
+        self._on_exit: dict[int, Callable[[], None]] = {}
         self._alive = True
         self.files: dict[str, str] = {}
         self.cold_reason: str | None = None
+        self._begun = False
+
+    def preflight(self, args: list[str], cwd: Path, timeout: float) -> tuple[int, str, str] | None:
+        """Before ``begin``: ``experiment._preflight``'s check of ``args`` in ``cwd``, run in a child forked from this
+        parent (once it imported torch): (exit status, stdout, stderr); None when it is gone;
+        ``subprocess.TimeoutExpired`` past ``timeout`` (it is ended then)."""
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            message = json.dumps({"preflight": args, "cwd": str(cwd)}).encode()
+            self._sock.settimeout(timeout)
+            try:
+                socket.send_fds(self._sock, [message], [out.fileno(), err.fileno()])
+                reply = self._sock.recv(_MAX_MESSAGE)
+            except TimeoutError:
+                self.close()
+                raise subprocess.TimeoutExpired("the preflight check", timeout) from None
+            except OSError:
+                return None
+            self._sock.settimeout(None)
+            if not reply:
+                return None
+            out.seek(0)
+            err.seek(0)
+            return int(json.loads(reply)["code"]), out.read().decode(errors="replace"), err.read().decode(
+                errors="replace")
+
+    def begin(self, spec: str, model_dir: Path, log_path: Path, config_path: str) -> None:
+        """Import the trial spec's model_def in ``model_dir`` (output to ``log_path``); then it forks trials,
+        unless ``cold_reason`` says why it cannot."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._begun = True
+        self._sock.settimeout(_READY_TIMEOUT_S)
+        try:
+            with open(log_path, "ab") as log:
+                message = {"spec": spec, "folder": str(model_dir), "config": config_path}
+                socket.send_fds(self._sock, [json.dumps(message).encode()], [log.fileno()])
+        except OSError as exc:
+            self.cold_reason = f"the warm parent did not start ({type(exc).__name__})"
+            self.close()
+            return
         self._ready()
 
     def _ready(self) -> None:
@@ -101,6 +143,7 @@ class _WarmParent:
                 with self.changed:
                     if "exit" in message:
                         self._exits[message["exit"]] = message["code"]
+                        self._on_exit.pop(message["exit"], lambda: None)()
                     else:
                         self._pids.append(int(message.get("pid", -1)))
                     self.changed.notify_all()
@@ -109,13 +152,18 @@ class _WarmParent:
         with self.changed:
             self._alive = False
             self.changed.notify_all()
+            waiting, self._on_exit = list(self._on_exit.values()), {}
+        for on_exit in waiting:  # orphaned: their ends are found by pid from now on
+            on_exit()
 
     def fresh(self) -> bool:
         """Whether it still runs and the files it imported are unchanged."""
         return self._alive and all(file_digest(path) == digest for path, digest in self.files.items())
 
-    def fork(self, args: list[str], env: dict[str, str], cwd: Path) -> _ForkedChild | None:
-        """A trial process forked with this command line, environment and folder; None if it is gone."""
+    def fork(self, args: list[str], env: dict[str, str], cwd: Path,
+             on_exit: Callable[[], None]) -> _ForkedChild | None:
+        """A trial process forked with this command line, environment and folder (``on_exit`` is called, on the
+        listener's thread, once the parent reports its exit); None if it is gone."""
         read_fd, write_fd = os.pipe()
         try:
             with self.changed:
@@ -124,6 +172,8 @@ class _WarmParent:
                 while not self._pids and self._alive:
                     self.changed.wait()
                 pid = self._pids.pop(0) if self._pids else -1
+                if pid > 0:
+                    self._on_exit[pid] = on_exit
         except OSError:
             pid = -1
         finally:
@@ -146,7 +196,10 @@ class _WarmParent:
         return None
 
     def close(self) -> None:
-        """Close the socket: the warm parent ends (its running trials get SIGTERM, as for a killed runner)."""
+        """Close the socket: the warm parent ends (its running trials get SIGTERM, as for a killed runner); one
+        never begun (maybe still importing) is killed: it has nothing to finish."""
+        if not self._begun:
+            self._proc.kill()
         try:  # shut down first: a close alone leaves the listener's recv blocked and the parent sees no end
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:  # it ended already
@@ -159,6 +212,28 @@ class _WarmParent:
             self._proc.wait()
 
 
+_ahead: list[_WarmParent] = []  # started by ``warm_parent_ahead``, taken by the first ``WarmParents.fork`` needing one
+
+
+@contextlib.contextmanager
+def warm_parent_ahead(start: bool) -> Iterator[None]:
+    """With ``start``, a warm parent starts importing torch and this package now, while the experiment is set up
+    (and the preflight imports the model_def beside it); the executor's first warm parent is that one. Ended on
+    leaving the block if nothing took it."""
+    if start:
+        _ahead.append(_WarmParent())
+    try:
+        yield
+    finally:
+        while _ahead:
+            _ahead.pop().close()
+
+
+def preflight_ahead(args: list[str], cwd: Path, timeout: float) -> tuple[int, str, str] | None:
+    """``_WarmParent.preflight`` in the warm parent started ahead (``warm_parent_ahead``); None without one."""
+    return _ahead[0].preflight(args, cwd, timeout) if _ahead else None
+
+
 class WarmParents:
     """The warm parents of one executor, by (spec, model folder); a spec that cannot start warm says so
     once (``warn``) and starts cold from then on."""
@@ -168,8 +243,9 @@ class WarmParents:
         self._parents: dict[tuple[str, Path], _WarmParent] = {}
         self._cold: set[tuple[str, Path]] = set()
 
-    def fork(self, spec: str, model_dir: Path, env: dict[str, str], log_dir: Path) -> _ForkedChild | None:
-        """The trial process, forked warm; None: start it cold."""
+    def fork(self, spec: str, model_dir: Path, env: dict[str, str], log_dir: Path,
+             on_exit: Callable[[], None] = lambda: None) -> _ForkedChild | None:
+        """The trial process, forked warm (``on_exit``: called once its exit status is known); None: start it cold."""
         key = (spec, model_dir)
         if key in self._cold:
             return None
@@ -178,13 +254,14 @@ class WarmParents:
             parent.close()
             parent = None
         if parent is None:
-            parent = _WarmParent(spec, model_dir, log_dir / "warm_parent.log")
+            parent = _ahead.pop() if _ahead else _WarmParent()
+            parent.begin(spec, model_dir, log_dir / "warm_parent.log", env.get(CONFIG_ENV, ""))
             if parent.cold_reason is not None:
                 self._cold.add(key)
                 self._warn(f"warm trial processes: {parent.cold_reason}")
                 return None
             self._parents[key] = parent
-        return parent.fork(["--trial", spec], env, model_dir)
+        return parent.fork(["--trial", spec], env, model_dir, on_exit)
 
     def close(self) -> None:
         """End every warm parent; idempotent."""

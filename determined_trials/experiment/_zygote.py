@@ -1,7 +1,10 @@
-"""The warm parent of a local experiment's trial processes (``main([SPEC, FD])``,
-run by ``_warm``): it imports torch, this package and the trial's model_def once, then forks one process per trial.
+"""The warm parent of a local experiment's trial processes (``main([FD])``, run by ``_warm``): it imports
+torch, this package and the trial's model_def once, then forks one process per trial.
 
-Run by ``_warm`` with one end of a ``SOCK_SEQPACKET`` socket pair as FD. It says first, one JSON message,
+Run by ``_warm`` with one end of a ``SOCK_SEQPACKET`` socket pair as FD. It imports torch and this package
+first (maybe while the experiment is set up), then waits for ``{"spec", "folder", "config"}`` (the trial spec,
+the model folder, the experiment's config file, whose parse the trials reuse) with the log file's descriptor
+attached, and imports the model_def. It says then, one JSON message,
 ``{"ready": [files]}`` (the model_def's files it imported from its folder, with their sha256) or
 ``{"cold": reason}`` (then it exits: the runner starts that trial family cold). Then each message it gets
 is a trial to start, ``{"args", "env", "cwd"}`` with the write end of the trial's output pipe attached; it
@@ -12,12 +15,12 @@ a model_def whose import starts a thread (Python's or native: ``/proc/self/task`
 
 from __future__ import annotations
 
-import atexit
+import contextlib
+import gc
 import hashlib
 import importlib
 import json
 import os
-import select
 import signal
 import socket
 import sys
@@ -25,6 +28,8 @@ import threading
 import traceback
 from pathlib import Path
 from typing import Any
+
+from determined_trials.experiment._zygote_fork import serve_forks
 
 __all__ = ["file_digest", "main"]
 
@@ -55,156 +60,130 @@ def _native_threads() -> int:
         return threading.active_count()
 
 
-def _warm_up(spec_text: str, folder: Path) -> dict[str, Any]:
-    """Import what every trial imports, then the model_def; what to tell the runner."""
-    import torch  # the point: imported once, shared by every forked trial
+def _import_common() -> int:
+    """Import what every trial imports (torch, this package, what a trial imports lazily), never from the
+    runner's working directory (a trial imports from its model folder); the native threads that leaves (torch's,
+    numpy's and the pools above reset themselves at a fork: allowed)."""
+    here = [entry for entry in sys.path if entry in ("", ".")]
+    for entry in here:
+        sys.path.remove(entry)
+    try:
+        return _import_common_modules()
+    finally:
+        sys.path[:0] = here
 
+
+def _import_common_modules() -> int:
+    import torch  # noqa: F401 - the point: imported once, shared by every forked trial
+
+    import determined_trials.config  # noqa: F401
     import determined_trials.launch.harness  # noqa: F401
     from determined_trials import pytorch  # noqa: F401
-    from determined_trials.launch import import_trial_class, parse_trial_spec
 
     for name in (*_LAZY_IMPORTS, *_FORK_SAFE_POOLS):
         try:
             importlib.import_module(name)
         except ImportError:
             pass
-    base = _native_threads()  # torch's, numpy's and the pools above reset themselves at fork: allowed
+    return _native_threads()
+
+
+def _warm_up(spec_text: str, folder: Path, config_path: str, base_threads: int) -> dict[str, Any]:
+    """Import the model_def and read the experiment's config (its parse is reused while the file's text is the
+    same); what to tell the runner."""
+    import torch
+
+    from determined_trials.config import load_config
+    from determined_trials.launch import keep_trial_class, parse_trial_spec
+
+    before = set(sys.modules)
     try:
-        import_trial_class(parse_trial_spec(spec_text, folder))
+        keep_trial_class(parse_trial_spec(spec_text, folder))
     except BaseException as exc:  # noqa: BLE001 - the trial shows its own import error, cold
         return {"cold": f"importing {spec_text} failed ({type(exc).__name__}); its trials start cold"}
+    with contextlib.suppress(Exception):  # a config the trial cannot read says so in the trial, cold or warm
+        load_config(config_path)
     if torch.cuda.is_initialized():
         return {"cold": f"importing {spec_text} initializes CUDA, which a fork cannot copy; its trials start cold"}
-    if threading.active_count() > 1 or _native_threads() > base:
+    if threading.active_count() > 1 or _native_threads() > base_threads:
         return {"cold": f"importing {spec_text} starts a thread, which a fork cannot copy; its trials start "
                         "cold (`resources: {warm_processes: false}` skips the attempt)"}
     inside = str(folder.resolve()) + os.sep
-    paths = [Path(f) for f in (getattr(m, "__file__", None) for m in list(sys.modules.values())) if isinstance(f, str)]
-    files = sorted({str(p.resolve()) for p in paths if p.is_absolute() and str(p.resolve()).startswith(inside)})
-    return {"ready": [[path, file_digest(path)] for path in files]}
+    imported = [getattr(module, "__file__", None) for name, module in list(sys.modules.items()) if name not in before]
+    paths = {str(Path(f).resolve()) for f in imported if isinstance(f, str) and os.path.isabs(f)}
+    return {"ready": [[path, file_digest(path)] for path in sorted(p for p in paths if p.startswith(inside))]}
 
 
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.send(json.dumps(message).encode())
 
 
-def _run_trial(request: dict[str, Any], out_fd: int, closing: list[int], preexec: Any, started: int) -> None:
-    """In the forked child: become the trial process the runner would have started, run the harness, exit."""
-    code: Any = 1
-    try:
-        os.setsid()  # a process group of its own: the runner's signals reach it and its children
-        preexec()  # SIGTERM when the warm parent dies (it dies with the runner)
-        os.close(started)  # the group exists: the parent may give the runner the pid
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a new interpreter has them
-        for fd in closing:
-            os.close(fd)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
-        os.close(null)
-        os.close(out_fd)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        sys.argv = ["determined_trials.launch.harness", *request["args"]]
-        from determined_trials.launch import harness
-
-        code = harness.main(request["args"])
-    except SystemExit as exc:
-        code = exc.code
-    except BaseException:  # noqa: BLE001 - a cold process prints its traceback and exits 1 too
-        traceback.print_exc()
-        code = 1
-    finally:
-        os._exit(_interpreter_exit(code))
-
-
-def _interpreter_exit(code: Any) -> int:
-    """What the interpreter does at its end, for a forked child: wait for non-daemon threads, run atexit,
-    flush; the exit status of ``sys.exit(code)``."""
-    try:
-        shutdown = getattr(threading, "_shutdown", None)  # thread pools' exit hooks, then non-daemon threads
-        if shutdown is not None:
-            shutdown()
-        atexit._run_exitfuncs()
-    except BaseException:  # noqa: BLE001
-        traceback.print_exc()
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code & 0xFF
-    else:
-        print(code, file=sys.stderr)
-        status = 1
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    return status
-
-
-def _reap(sock: socket.socket) -> None:
+def _begin(sock: socket.socket) -> dict[str, Any] | None:
+    """The runner's first message, ``{"spec", "folder", "config"}`` with the log file's descriptor attached:
+    the output goes there from now on and the folder is the working directory; None if the runner closed.
+    Before it, preflights: ``{"preflight": ARGS, "cwd"}`` with two files attached (stdout, stderr), answered
+    ``{"code": C}`` once a forked child ran ``experiment._preflight`` on ARGS there."""
     while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+        if not data:
+            return None
+        request: dict[str, Any] = json.loads(data)
+        if "preflight" in request:
+            _send(sock, {"code": _preflight(request, fds)})
+            continue
+        for fd in (1, 2):
+            os.dup2(fds[0], fd)
+        os.close(fds[0])
+        os.chdir(request["folder"])
+        return request
 
 
-def _fork(request: dict[str, Any], out_fd: int, closing: list[int], preexec: Any) -> int:
-    """Fork the trial's process; its pid once it is in a session of its own (so the runner can signal it)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    started_r, started_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(started_r)
-        _run_trial(request, out_fd, closing, preexec, started_w)
-    os.close(started_w)
-    os.close(out_fd)
-    os.read(started_r, 1)  # b"" once the child closed its end (or died)
-    os.close(started_r)
-    return pid
-
-
-def _serve(sock: socket.socket) -> None:
-    """Fork a trial per request, report each one's exit; return when the runner closes its end."""
+def _preflight(request: dict[str, Any], fds: list[int]) -> int:
+    """Run the preflight check in a forked child (the model_def's import stays out of this process); its
+    exit status."""
     from determined_trials.launch import die_with_parent
 
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    signal.set_wakeup_fd(wake_w)
-    preexec = die_with_parent(signal.SIGTERM)
-    while True:
-        readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
-        if wake_r in readable:
-            os.read(wake_r, 4096)
-            _reap(sock)
-        if sock.fileno() in readable:
-            data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 1)
-            if not data:
-                return
-            _send(sock, {"pid": _fork(json.loads(data), fds[0], [sock.fileno(), wake_r, wake_w], preexec)})
+    preexec = die_with_parent(signal.SIGKILL)  # a runner that gave up on it (its timeout) ends it with this parent
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 2
+        try:
+            preexec()
+            os.dup2(fds[0], 1)
+            os.dup2(fds[1], 2)
+            os.chdir(request["cwd"])
+            from determined_trials.experiment._preflight import run_check
+
+            code = run_check(request["preflight"])
+        except BaseException:  # noqa: BLE001 - said on its stderr, as the separate process would
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    for fd in fds:
+        os.close(fd)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def main(argv: list[str]) -> int:
-    """``SPEC FD``: warm up, tell the runner, serve forks until it closes the socket."""
-    spec_text, fd = argv[0], int(argv[1])
-    sock = socket.socket(fileno=fd)
-    state = _warm_up(spec_text, Path.cwd())
-    _send(sock, state)
-    if "ready" in state:
-        _serve(sock)
-    return 0
+    """``FD``: import torch and this package, then take the trial spec, model folder and config from the runner,
+    import the model_def, tell the runner, serve forks until it closes the socket."""
+    sock = socket.socket(fileno=int(argv[0]))
+    base_threads = _import_common()  # while the runner sets the experiment up, maybe
+    gc.freeze()  # what is imported stays: a collection (~0.2 s with torch's objects) never walks it again
+    gc.enable()  # off while importing (``_warm`` starts it so)
+    request = _begin(sock)
+    if request is not None:
+        state = _warm_up(request["spec"], Path.cwd(), request["config"], base_threads)
+        _send(sock, state)
+        if "ready" in state:
+            serve_forks(sock)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # nothing of its own to clean up: skip torch's teardown at exit (~1.4 s)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from determined_trials.launch._launch_dir import LAUNCH_DIR_ENV, PREEMPTED_EXIT_
 from determined_trials.launch._procs import die_with_parent, free_port
 from determined_trials.launch._spawn import TF_WORKERS_ENV
 from determined_trials.launch._supervise import FAILED_RANK_LINE
-from determined_trials.launch._trial_spec import TrialSpecError, import_trial_class, parse_trial_spec
+from determined_trials.launch._trial_spec import TrialSpecError, import_trial_class, keep_trial_class, parse_trial_spec
 
 __all__ = [
     "FAILED_RANK_LINE",
@@ -26,5 +26,6 @@ __all__ = [
     "family_named",
     "free_port",
     "import_trial_class",
+    "keep_trial_class",
     "parse_trial_spec",
 ]

@@ -19,7 +19,9 @@ from determined_trials._compat import resolve_qualname
 from determined_trials.launch._families import claimed_family, family_named
 from determined_trials.launch._procs import run_child
 
-__all__ = ["TrialSpec", "TrialSpecError", "family_launcher", "import_trial_class", "parse_trial_spec"]
+__all__ = [
+    "TrialSpec", "TrialSpecError", "family_launcher", "import_trial_class", "keep_trial_class", "parse_trial_spec",
+]
 
 _EXAMPLE = "e.g. --trial model_def.py:MyTrial or --trial model_def:MyTrial"
 
@@ -83,16 +85,39 @@ def _file_spec(spec: str, location: str, class_path: str, context: Path) -> Tria
     return TrialSpec(spec, path.stem, class_path, path, (path.parent,))
 
 
+_kept_modules: dict[str, ModuleType] = {}  # imported by a warm parent for the trial processes it forks
+
+
+def keep_trial_class(spec: TrialSpec) -> type:
+    """``import_trial_class`` in a warm parent: the first ``import_trial_class`` of the same spec in each process
+    forked from it reuses this import instead of importing the module again (whoever forks checks first that
+    the module's files are unchanged: ``experiment._warm``)."""
+    target = import_trial_class(spec)
+    _kept_modules[spec.module] = sys.modules[spec.module]
+    return target
+
+
 def import_trial_class(spec: TrialSpec) -> type:
     """Import the spec's module (search dirs first on sys.path) and return its class."""
     for folder in reversed(spec.search_dirs):
         if str(folder) in sys.path:
             sys.path.remove(str(folder))
         sys.path.insert(0, str(folder))
+    kept = _kept_modules.pop(spec.module, None)
+    if kept is not None and sys.modules.get(spec.module) is kept and _same_file(kept, spec):
+        return _trial_class(spec, kept)
     importlib.invalidate_caches()
     for name in [m for m in sys.modules if m == spec.module or m.startswith(spec.module + ".")]:
         del sys.modules[name]  # a module of that name imported earlier (e.g. from another folder)
-    module = _import_module(spec)
+    return _trial_class(spec, _import_module(spec))
+
+
+def _same_file(module: ModuleType, spec: TrialSpec) -> bool:
+    path = getattr(module, "__file__", None)
+    return spec.file is None or (isinstance(path, str) and Path(path).resolve() == spec.file.resolve())
+
+
+def _trial_class(spec: TrialSpec, module: ModuleType) -> type:
     try:
         target = resolve_qualname(module, spec.class_path)
     except AttributeError as err:

@@ -45,6 +45,22 @@ def test_overhead_benchmark_quick_run_prints_the_ratios() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(QUICK_S + 60)
+def test_trial_start_benchmark_quick_run_prints_the_search_and_start_figures() -> None:
+    proc = run_in_group([sys.executable, str(REPO / "benchmarks" / "trial_start.py"), "--quick"], timeout=QUICK_S,
+                        cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    for mode in ("cold", "warm"):
+        assert re.search(rf"^round 1/1, search of 4 trials, {mode}: experiment wall \d+\.\d s = \d+\.\d+x", out,
+                         re.MULTILINE), out
+        assert re.search(rf"^{mode}: experiment wall / the trials' training, median of 1 searches", out,
+                         re.MULTILINE), out
+    assert re.search(r"^warm / cold: experiment wall \d+\.\d+x", out, re.MULTILINE), out
+    assert re.search(r"^trial process start to first batch, 1 rounds, medians: fresh", out, re.MULTILINE), out
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(2 * QUICK_S + 60)
 def test_async_checkpoint_and_resume_benchmarks_quick_runs_print_their_summaries() -> None:
     for script, pattern in (

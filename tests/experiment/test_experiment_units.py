@@ -260,3 +260,17 @@ def test_a_failure_reason_says_where_the_output_is_in_words_that_fit_the_dashboa
     assert proc.reason(1) == ("trial process failed (exit code 1): torch_distributed: rank 0 failed with exit code 1: "
                               "ValueError: bad (whole output: /r/trial_1.log)")
     assert "dashboard" in KILLED_REASON and "det-trials experiment kill" in KILLED_REASON
+
+
+def test_a_trial_process_wakes_the_runner_when_its_output_ends(tmp_path: Path) -> None:
+    """A process started cold calls ``on_output_end`` once its output is read to the end (it exited): the runner
+    polls it then rather than at its next 50 ms tick."""
+    import threading
+
+    ended = threading.Event()
+    lines: list[str] = []
+    proc = TrialProcess([sys.executable, "-c", "print('bye')"], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path,
+                        log_path=tmp_path / "trial.log", prefix="[t] ", echo=lines.append, on_output_end=ended.set)
+    assert ended.wait(120)
+    assert proc.wait(timeout=120) == 0
+    assert lines == ["[t] bye"]

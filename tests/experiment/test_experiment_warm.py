@@ -86,9 +86,13 @@ def _metrics(store: LocalStore, trial_id: int) -> list[tuple[Any, ...]]:
 
 
 @_slow
-def test_warm_trials_train_bitwise_like_cold_ones(tmp_path: Path) -> None:
+def test_warm_trials_train_bitwise_like_cold_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # scipy.linalg and scikit-learn start native pools at import (OpenBLAS, jemalloc): fork-safe, still warm
     prelude = "import scipy.linalg, sklearn  # noqa: F401, E401\n"
+    shadow = tmp_path / "cwd"  # the warm parent imports nothing from the runner's folder (a trial would not)
+    shadow.mkdir()
+    (shadow / "sklearn.py").write_text("raise RuntimeError('not the real sklearn')\n")
+    monkeypatch.chdir(shadow)
     warm, warm_marks = _run(tmp_path / "warm", ["ok"], lr=[0.1, 0.3], prelude=prelude)
     cold, cold_marks = _run(tmp_path / "cold", ["ok"], lr=[0.1, 0.3], warm=False, prelude=prelude)
     assert [[m["warm"] for m in ms] for _, ms in sorted(warm_marks.items())] == [[True], [True]]
@@ -110,6 +114,12 @@ def test_a_crashing_leaking_or_killed_trial_leaves_the_next_one_untouched(tmp_pa
     assert [len(marks[trials[mode].id]) for mode in ("crash", "leak", "kill", "ok")] == [2, 1, 2, 1]
     for trial_id, seen in marks.items():  # every process, each one after a failure too, starts warm and clean
         assert seen == [{"warm": True, "leak": 0, "package_leak": 0, "helper": 1}] * len(seen), trial_id
+    model = Path(store.experiment(1).model_dir or "")
+    # imported by the preflight and the warm parent only: the six trial processes reuse the parent's import
+    assert len((model / "imported.log").read_text().split()) == 2
+    trial_pids = {int(path.stem.split("_")[2]) for path in store.path.glob("mark_*.json")}
+    finalized = model / "finalized.log"  # the preflight's exit runs the hook; a trial's exit does not run its parent's
+    assert not {int(pid) for pid in (finalized.read_text().split() if finalized.exists() else [])} & trial_pids
 
 
 @_slow
@@ -138,7 +148,81 @@ def test_closing_a_warm_parent_ends_it_on_its_own(tmp_path: Path) -> None:
 
     (tmp_path / "model_def.py").write_text("from determined_trials import pytorch\n\n\n"
                                            "class Trial(pytorch.PyTorchTrial):\n    pass\n")
-    parent = _WarmParent("model_def:Trial", tmp_path, tmp_path / "warm_parent.log")
+    parent = _WarmParent()
+    parent.begin("model_def:Trial", tmp_path, tmp_path / "warm_parent.log", str(tmp_path / "none.yaml"))
     assert parent.cold_reason is None, parent.cold_reason
     parent.close()
     assert parent._proc.returncode == 0, (tmp_path / "warm_parent.log").read_text()
+
+
+def test_a_forked_trial_s_end_reaches_the_runner_and_wakes_it(tmp_path: Path) -> None:
+    """The trial process's output ends, its exit status reaches the runner and the runner is woken then
+    (``on_exit``), not at its next poll: here the harness's usage error, status 2."""
+    import threading
+
+    from determined_trials.experiment._warm import _WarmParent
+
+    (tmp_path / "model_def.py").write_text("from determined_trials import pytorch\n\n\n"
+                                           "class Trial(pytorch.PyTorchTrial):\n    pass\n")
+    parent = _WarmParent()
+    parent.begin("model_def:Trial", tmp_path, tmp_path / "warm_parent.log", str(tmp_path / "none.yaml"))
+    assert parent.cold_reason is None, parent.cold_reason
+    try:
+        woken = threading.Event()
+        child = parent.fork(["--trial", "model_def:Trial"], {"PATH": "/usr/bin:/bin"}, tmp_path, woken.set)
+        assert child is not None
+        output = child.stdout.read().decode()  # to its end: the trial closed it
+        assert woken.wait(120), "the runner was not woken by the trial's end"
+        assert child.wait(timeout=120) == 2, output
+        assert output.startswith("error: no experiment configuration"), output
+    finally:
+        parent.close()
+
+
+def test_the_warm_parent_started_ahead_ends_when_the_preflight_refuses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``experiment create`` starts importing torch for the warm parent beside its preflight; a refused entrypoint
+    leaves no such process behind."""
+    from determined_trials.experiment import _warm
+
+    started: list[Any] = []
+
+    class Recorded(_warm._WarmParent):
+        def __init__(self) -> None:
+            super().__init__()
+            started.append(self)
+
+    monkeypatch.setattr(_warm, "_WarmParent", Recorded)
+    config, ctx, run_dir = _experiment(tmp_path, ["ok"])
+    config.write_text(config.read_text().replace("model_def:WarmTrial", "model_def:NoSuchTrial"))
+    assert create(run_dir, config, ctx) != 0
+    assert len(started) == 1 and _warm._ahead == []
+    assert started[0]._proc.poll() is not None  # ended (killed: it was still importing or waiting)
+
+
+def test_the_preflight_runs_in_a_fork_of_the_warm_parent_and_ends_with_it_past_its_timeout(tmp_path: Path) -> None:
+    """The warm parent started ahead checks the entrypoint in a child of its own (one torch import for both); an
+    import that hangs is given up at the timeout, and the parent and that child end."""
+    import subprocess
+
+    import psutil
+    from support.helpers_trackers import wait_for
+
+    from determined_trials.experiment._warm import _WarmParent
+
+    (tmp_path / "good.py").write_text("from determined_trials import pytorch\n\n\n"
+                                      "class Trial(pytorch.PyTorchTrial):\n    def train_batch(self): ...\n")
+    (tmp_path / "hangs.py").write_text("import os, pathlib, time\npathlib.Path('hangs.pid').write_text(str(os.getpid()))"
+                                       "\ntime.sleep(3600)\n")
+    parent = _WarmParent()
+    try:
+        code, out, err = parent.preflight(["good:Trial", str(tmp_path)], tmp_path, 300) or (None, "", "")
+        assert (code, out.strip()) == (2, ""), (code, out, err)  # the check itself ran: a PyTorchTrial lacking hooks
+        assert err.startswith("error: 'good:Trial'") and "does not define" in err, err
+        with pytest.raises(subprocess.TimeoutExpired):
+            parent.preflight(["hangs:Trial", str(tmp_path)], tmp_path, 5)
+        assert parent._proc.poll() is not None
+        pid = int((tmp_path / "hangs.pid").read_text())
+        wait_for("the hanging preflight child ends with its parent", lambda: not psutil.pid_exists(pid), 60)
+    finally:
+        parent.close()

@@ -1,12 +1,14 @@
 """The trial of tests/experiment/test_experiment_warm.py (copied as model_def.py): a tiny PyTorchTrial that writes,
 at its first batch, whether it was forked warm and what it sees of earlier trials, and per hparam ``mode``
 in its first attempt crashes, grows a module-level list and one in an imported module, kills itself with
-SIGKILL, or edits helper.py."""
+SIGKILL, or edits helper.py. It logs (next to itself) the pid of each process importing it, and of each one
+running the exit hook its import registers."""
 
 import json
 import os
 import signal
 import sys
+import weakref
 from pathlib import Path
 
 import helper  # noqa: F401 - a module of the model folder: an edited one must be imported again
@@ -16,6 +18,20 @@ import determined_trials
 from determined_trials import pytorch
 
 LEAK: list[bytes] = []
+
+
+class _Sentinel:
+    pass
+
+
+def _log(name: str) -> None:
+    with open(Path(__file__).with_name(name), "a") as f:
+        f.write(f"{os.getpid()}\n")
+
+
+_log("imported.log")  # each process that imports this module (a warm trial reuses its parent's import)
+_SENTINEL = _Sentinel()
+weakref.finalize(_SENTINEL, _log, "finalized.log")  # runs at the exit of the process that made it, not a fork's
 
 
 class WarmTrial(pytorch.PyTorchTrial):

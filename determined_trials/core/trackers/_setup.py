@@ -175,7 +175,7 @@ def open_forwarder(store: TrialStore, facts: TrialFacts, integrations: Integrati
     if facts.tensorboard_dir is not None:
         from determined_trials.core.trackers._tensorboard import TensorBoardSink
 
-        sinks.append(TensorBoardSink(Path(facts.tensorboard_dir)))
+        sinks.append(TensorBoardSink(Path(facts.tensorboard_dir), first_process=facts.first_process))
     if integrations.mlflow is not None:
         from determined_trials.core.trackers._mlflow import MlflowSink
 

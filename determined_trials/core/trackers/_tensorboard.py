@@ -45,13 +45,15 @@ def _import_tensorboard() -> None:
 class ScalarWriter:
     """Appends scalar events to one event file in ``logdir`` (created on the first write)."""
 
-    def __init__(self, logdir: Path) -> None:
+    def __init__(self, logdir: Path, *, session_start: bool = True) -> None:
         self._logdir = logdir
         self._file: Any = None
         self._writer: Any = None
         self._flushed_at = -math.inf
         self._held: list[tuple[float, int, list[tuple[str, float]]]] = []
         self._start_step = 0  # the step of the event file's session start (restart_at sets it)
+        # without: the file has no START at all (TensorBoard drops what it read before any START at its step or later)
+        self._session_start = session_start
         _import_tensorboard()  # once, at start-up: ~0.2 s that must not land in the first report
 
     def restart_at(self, step: int) -> None:
@@ -63,6 +65,7 @@ class ScalarWriter:
         another writer, has none)."""
         self.flush()
         self._start_step = step
+        self._session_start = True
         writer = self._record_writer()  # opened now: a new file starts with its START at ``step``
         _write_start(writer, step)
         writer.flush()
@@ -112,7 +115,8 @@ class ScalarWriter:
             self._writer = RecordWriter(open(self._logdir / name, "wb"))  # noqa: SIM115 - closed by close()
             header = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
             self._writer.write(header.SerializeToString())
-            _write_start(self._writer, self._start_step)
+            if self._session_start:
+                _write_start(self._writer, self._start_step)
         return self._writer
 
 
@@ -122,18 +126,24 @@ class TensorBoardSink:
     name = "tensorboard"
     rewinds = True
 
-    def __init__(self, logdir: Path) -> None:
+    def __init__(self, logdir: Path, *, first_process: bool = False) -> None:
         self._logdir = logdir
         self._writer: ScalarWriter | None = None
+        self._first_process = first_process  # the trial's first process: no lost attempt's events to drop
+        _import_tensorboard()  # here, not on the sender's thread: beside the trial's own start-up it takes longer
 
     def create(self) -> str:
         return str(self._logdir)
 
     def resume(self, run_id: str, from_step: int) -> str | None:
-        """Open this process's event file with TensorBoard's restart marker at ``from_step``."""
+        """Open this process's event file with TensorBoard's restart marker at ``from_step``; in the trial's first
+        process, with no session start at all: nothing may be dropped then, the trial's own event files included,
+        whichever file came first."""
+        fresh = self._first_process and from_step == 0
         if self._writer is None:
-            self._writer = ScalarWriter(Path(run_id))
-        self._writer.restart_at(from_step)
+            self._writer = ScalarWriter(Path(run_id), session_start=not fresh)
+        if not fresh:
+            self._writer.restart_at(from_step)
         return None
 
     def log(self, rows: Sequence[MetricRecord]) -> None:

@@ -103,3 +103,50 @@ def test_tensorboard_manual_mode_leaves_the_folder_to_the_trial(tmp_path: Path) 
         ctx.train.report_training_metrics(1, {"loss": 1.0})
     assert not _logdir(tmp_path).exists() or not list(_logdir(tmp_path).glob("events.out.tfevents.*"))
     assert LocalStore(tmp_path).tracker_run(1, "tensorboard") is None
+
+
+# a trial that writes events of its own in __init__, in a file named before the harness's (so TensorBoard reads it
+# first, as when the trial's writer opens before the harness's sender has)
+_OWN_FIRST = """
+import pathlib, time
+from torch.utils.tensorboard import SummaryWriter
+from trials_pytorch import LinearTrial
+
+
+class OwnFirstTrial(LinearTrial):
+    def __init__(self, context):
+        super().__init__(context)
+        folder = context.get_tensorboard_path()
+        own = SummaryWriter(str(folder))
+        for step in range(1, 4):
+            own.add_scalar("own", 100.0 + step, step)
+        own.close()
+        for path in pathlib.Path(folder).glob("events.out.tfevents.*"):
+            path.rename(path.with_name(f"events.out.tfevents.{int(time.time()) - 60}.own.0"))
+"""
+
+
+@pytest.mark.usefixtures("cpu_device")
+def test_a_trial_s_first_process_drops_none_of_its_own_events_whichever_file_came_first(tmp_path: Path) -> None:
+    """A launched trial's first process has no lost attempt to rewind: its event file has no session start, so
+    the trial's own event file (named before the harness's here) keeps every event; the trial does not wait for
+    the sender's first pass."""
+    import yaml
+    from support.helpers_experiment import create
+    from support.helpers_paths import SUPPORT
+    from trials_pytorch import config as trial_config
+
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "trials_pytorch.py").write_text((SUPPORT / "trials_pytorch.py").read_text())
+    (ctx / "model_def.py").write_text(_OWN_FIRST)
+    conf = trial_config(name="first", entrypoint="model_def:OwnFirstTrial", max_restarts=0, scheduling_unit=1,
+                        searcher={"name": "single", "metric": "validation_loss", "max_length": {"batches": 4}})
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(conf))
+    run = tmp_path / "run"
+    assert create(run, tmp_path / "config.yaml", ctx) == 0
+    points = tensorboard_points(_logdir(run))
+    assert points["own"] == [(s, pytest.approx(100.0 + s)) for s in range(1, 4)]
+    rows = [(m.steps_completed, float(m.metrics["loss"])) for m in LocalStore(run).metrics(1, "training")]
+    assert [s for s, _ in rows] == [1, 2, 3, 4]
+    assert points["loss"] == [(s, pytest.approx(v)) for s, v in rows]
