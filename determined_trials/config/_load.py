@@ -7,7 +7,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, TypeGuard, Union
 
 import yaml
 from pydantic import ValidationError
@@ -89,7 +89,7 @@ def _looks_like_path(text: str) -> bool:
     return "\n" not in stripped and ": " not in stripped and not stripped.startswith(("{", "-"))
 
 
-def _read_file(path: Path) -> tuple[Any, str]:
+def _read_text(path: Path) -> str:
     if not path.is_file():
         what = "is a directory, not a file" if path.is_dir() else "does not exist"
         raise ConfigError(
@@ -97,10 +97,9 @@ def _read_file(path: Path) -> tuple[Any, str]:
             "Fix: pass the path of a YAML file, a YAML string, or a dict."
         )
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"Cannot read experiment configuration file '{path}': {exc}") from None
-    return copy.deepcopy(_file_read(text, str(path)).raw), str(path)
 
 
 @dataclasses.dataclass
@@ -125,7 +124,7 @@ def _file_read(text: str, source: str) -> _FileRead:
     return _last_file
 
 
-def _is_path(source: object) -> bool:
+def _is_path(source: object) -> TypeGuard[str | os.PathLike[str]]:
     return isinstance(source, os.PathLike) or (isinstance(source, str) and _looks_like_path(source))
 
 
@@ -135,7 +134,8 @@ def load_raw(source: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[dict[s
     if isinstance(source, Mapping):
         raw: Any = source
     elif _is_path(source):
-        raw, origin = _read_file(Path(source))
+        origin = str(Path(source))
+        raw = copy.deepcopy(_file_read(_read_text(Path(source)), origin).raw)
     elif isinstance(source, str):
         raw, origin = _parse_yaml(source, "YAML text"), "YAML text"
     else:
@@ -143,6 +143,11 @@ def load_raw(source: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[dict[s
             f"Cannot load an experiment configuration from {type(source).__name__}; pass a path to a "
             "YAML file, a YAML string, a dict, or an ExperimentConfig."
         )
+    return _checked_mapping(raw, origin), origin
+
+
+def _checked_mapping(raw: Any, origin: str | None) -> dict[str, Any]:
+    """``raw`` as the top-level mapping of a config, within the budget; ``ConfigError`` otherwise."""
     _check_budget(raw, origin)
     if not isinstance(raw, Mapping):
         kind = "nothing (empty document)" if raw is None else type(raw).__name__
@@ -152,7 +157,7 @@ def load_raw(source: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[dict[s
             f"(name, hyperparameters, searcher, ...), got {kind}. Fix: write `key: value` lines at "
             "the top level, e.g. `searcher: {name: single, metric: validation_loss}`."
         )
-    return dict(raw), origin
+    return dict(raw)
 
 
 def _check_budget(raw: Any, origin: str | None) -> None:
@@ -194,10 +199,10 @@ def load_config(source: ConfigSource) -> ExperimentConfig:
     """
     if isinstance(source, ExperimentConfig):
         return source
-    raw, origin = load_raw(source)
-    read = _last_file if _is_path(source) else None  # what load_raw read the file's text into
-    if read is None:
-        return validate_raw(raw, origin)
+    if not _is_path(source):
+        return validate_raw(*load_raw(source))
+    origin = str(Path(source))
+    read = _file_read(_read_text(Path(source)), origin)
     if read.config is None:
-        read.config = validate_raw(raw, origin)
+        read.config = validate_raw(_checked_mapping(copy.deepcopy(read.raw), origin), origin)
     return copy.deepcopy(read.config)

@@ -51,7 +51,7 @@ class PartsMaker:
                           searcher_metric=self._config.searcher.metric, run_dir=str(self._run_path),
                           parent_runs=fork_parent_runs(self._store, trial.trial_id),
                           tensorboard_dir=str(tb_dir) if self._mode is TensorboardMode.AUTO else None,
-                          restart_step=restart_step, first_process=restart_step == 0 and trial.trial_run_id == 1)
+                          restart_step=restart_step)
 
     def __call__(self, trial: TrialInfo) -> TrialParts:
         store, dist = self._store, self._dist

@@ -102,7 +102,9 @@ def check_entrypoint(config: Any, model_dir: Path, timeout: float = PREFLIGHT_TI
     text, context = spec
     args = [text, str(model_dir / context if context else model_dir)]
     try:
-        done = (run or _no_run)(args, model_dir, timeout) or _run_process(args, model_dir, timeout)
+        done = run(args, model_dir, timeout) if run is not None else None
+        if done is None:
+            done = _run_process(args, model_dir, timeout)
     except subprocess.TimeoutExpired:
         raise PreflightError(f"importing the entrypoint's trial {text!r} took more than {timeout:.0f} s; "
                              "does the module train or download at import time?") from None
@@ -117,10 +119,6 @@ def check_entrypoint(config: Any, model_dir: Path, timeout: float = PREFLIGHT_TI
     if family is not None and family.needs_global_batch_size and "global_batch_size" not in config.hyperparameters:
         raise ConfigError(f"hyperparameters: a {family.name} needs `global_batch_size` (the batch size summed "
                           "over all processes); add e.g. `global_batch_size: 32` under hyperparameters")
-
-
-def _no_run(args: list[str], cwd: Path, timeout: float) -> None:
-    return None
 
 
 def _run_process(args: list[str], cwd: Path, timeout: float) -> tuple[int, str, str]:

@@ -19,12 +19,12 @@ from typing import IO, Any
 
 from determined_trials.experiment._launch import _DROPPED_ENV, CONFIG_ENV
 from determined_trials.experiment._zygote import file_digest
+from determined_trials.experiment._zygote_fork import MAX_MESSAGE
 from determined_trials.launch import LEGACY_ENTRYPOINT, die_with_parent
 
 __all__ = ["WarmParents", "preflight_ahead", "warm_parent_ahead", "warm_spec"]
 
 _READY_TIMEOUT_S = 600.0  # importing torch and a model_def on a loaded machine
-_MAX_MESSAGE = 1 << 20
 # not `-m`: the experiment package imports the module before runpy would run it. The collector is off while it
 # imports (~20 % of importing torch); ``_zygote`` freezes what it imported, then turns it on.
 _ZYGOTE_MAIN = ("import gc, sys; gc.disable(); from determined_trials.experiment._zygote import main; "
@@ -93,7 +93,7 @@ class _WarmParent:
             self._sock.settimeout(timeout)
             try:
                 socket.send_fds(self._sock, [message], [out.fileno(), err.fileno()])
-                reply = self._sock.recv(_MAX_MESSAGE)
+                reply = self._sock.recv(MAX_MESSAGE)
             except TimeoutError:
                 self.close()
                 raise subprocess.TimeoutExpired("the preflight check", timeout) from None
@@ -125,7 +125,7 @@ class _WarmParent:
 
     def _ready(self) -> None:
         try:
-            first = json.loads(self._sock.recv(_MAX_MESSAGE) or b'{"cold": "the warm parent ended"}')
+            first = json.loads(self._sock.recv(MAX_MESSAGE) or b'{"cold": "the warm parent ended"}')
         except (OSError, ValueError) as exc:
             first = {"cold": f"the warm parent did not start ({type(exc).__name__})"}
         if "ready" not in first:
@@ -138,7 +138,7 @@ class _WarmParent:
 
     def _listen(self) -> None:
         try:
-            while data := self._sock.recv(_MAX_MESSAGE):
+            while data := self._sock.recv(MAX_MESSAGE):
                 message = json.loads(data)
                 with self.changed:
                     if "exit" in message:

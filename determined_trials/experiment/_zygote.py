@@ -29,11 +29,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from determined_trials.experiment._zygote_fork import serve_forks
+from determined_trials.experiment._zygote_fork import MAX_MESSAGE, send_message, serve_forks
 
 __all__ = ["file_digest", "main"]
 
-_MAX_MESSAGE = 1 << 20
 # What a PyTorchTrial imports lazily before its first batch (an optimizer's first step; the store's TensorBoard
 # scalars, never TensorFlow), imported here too: none starts a thread.
 _LAZY_IMPORTS = ("torch._dynamo", "tensorboard.compat.proto.event_pb2", "tensorboard.compat.proto.summary_pb2",
@@ -114,22 +113,18 @@ def _warm_up(spec_text: str, folder: Path, config_path: str, base_threads: int) 
     return {"ready": [[path, file_digest(path)] for path in sorted(p for p in paths if p.startswith(inside))]}
 
 
-def _send(sock: socket.socket, message: dict[str, Any]) -> None:
-    sock.send(json.dumps(message).encode())
-
-
 def _begin(sock: socket.socket) -> dict[str, Any] | None:
     """The runner's first message, ``{"spec", "folder", "config"}`` with the log file's descriptor attached:
     the output goes there from now on and the folder is the working directory; None if the runner closed.
     Before it, preflights: ``{"preflight": ARGS, "cwd"}`` with two files attached (stdout, stderr), answered
     ``{"code": C}`` once a forked child ran ``experiment._preflight`` on ARGS there."""
     while True:
-        data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+        data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 2)
         if not data:
             return None
         request: dict[str, Any] = json.loads(data)
         if "preflight" in request:
-            _send(sock, {"code": _preflight(request, fds)})
+            send_message(sock, {"code": _preflight(request, fds)})
             continue
         for fd in (1, 2):
             os.dup2(fds[0], fd)
@@ -178,7 +173,7 @@ def main(argv: list[str]) -> int:
     request = _begin(sock)
     if request is not None:
         state = _warm_up(request["spec"], Path.cwd(), request["config"], base_threads)
-        _send(sock, state)
+        send_message(sock, state)
         if "ready" in state:
             serve_forks(sock)
     sys.stdout.flush()

@@ -18,9 +18,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["serve_forks"]
+__all__ = ["MAX_MESSAGE", "send_message", "serve_forks"]
 
-_MAX_MESSAGE = 1 << 20
+MAX_MESSAGE = 1 << 20  # the longest message either side of the runner's socket pair sends
 _READY = b"r"  # a spare says it is in its session: its pid may go to the runner
 
 
@@ -61,10 +61,10 @@ def _spare_main(sock: socket.socket, closing: list[int], preexec: Callable[[], N
     try:
         _detach(closing, preexec)
         sock.send(_READY)
-        data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 1)
+        data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 1)
         if not data:  # the warm parent ended: no trial for it
             os._exit(0)
-        code = _run_trial(json.loads(data), fds[0], sock.fileno())
+        code = _run_trial(json.loads(data), fds[0])
     except SystemExit as exc:
         code = exc.code
     except BaseException:  # noqa: BLE001 - a cold process prints its traceback and exits 1 too
@@ -105,10 +105,9 @@ def _detach(closing: list[int], preexec: Callable[[], None]) -> None:
         os.close(fd)
 
 
-def _run_trial(request: dict[str, Any], out_fd: int, keep_fd: int) -> Any:
+def _run_trial(request: dict[str, Any], out_fd: int) -> Any:
     """Become the trial process the runner asked for (``{"args", "env", "cwd"}``, output to ``out_fd``) and run
-    the harness; its exit code. ``keep_fd`` (the warm parent's socket) is not inherited by its own children."""
-    os.set_inheritable(keep_fd, False)
+    the harness; its exit code."""
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(out_fd, 1)
@@ -157,7 +156,8 @@ def _interpreter_exit(code: Any) -> int:
     return status
 
 
-def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+def send_message(sock: socket.socket, message: dict[str, Any]) -> None:
+    """One JSON message to the runner."""
     sock.send(json.dumps(message).encode())
 
 
@@ -203,7 +203,7 @@ class _Server:
 
     def _start(self) -> bool:
         """Hand the runner's request to the spare; False when the runner closed its end."""
-        data, fds, _, _ = socket.recv_fds(self._sock, _MAX_MESSAGE, 1)
+        data, fds, _, _ = socket.recv_fds(self._sock, MAX_MESSAGE, 1)
         if not data:
             return False
         end = self._spare.start(data, fds[0])
@@ -213,7 +213,7 @@ class _Server:
         os.close(fds[0])
         if end is not None:
             self._trials[end.fileno()] = (self._spare.pid, end)
-        _send(self._sock, {"pid": self._spare.pid if end is not None else -1})  # -1: the runner starts it cold
+        send_message(self._sock, {"pid": self._spare.pid if end is not None else -1})  # -1: the runner starts it cold
         self._spare = _Spare(self._closing, self._preexec)
         return True
 
@@ -227,7 +227,7 @@ class _Server:
         end.close()
         if said:  # else it died without a word (a signal, or it used CUDA): its exit status comes from the reap
             self._said.add(pid)
-            _send(self._sock, {"exit": pid, "code": said[0]})
+            send_message(self._sock, {"exit": pid, "code": said[0]})
 
     def _reap(self) -> None:
         """Report each ended trial process's exit status, unless said already (a spare that died unused is no
@@ -244,4 +244,4 @@ class _Server:
             if pid in self._said:
                 self._said.discard(pid)
             elif pid != self._spare.pid:
-                _send(self._sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+                send_message(self._sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})

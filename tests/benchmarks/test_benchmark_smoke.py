@@ -28,13 +28,18 @@ pytestmark = pytest.mark.usefixtures("cpu_device")  # trains on the CPU: exact v
 QUICK_S = 900  # one --quick benchmark: 8 (overhead) or a few child processes that each import torch
 
 
+def _quick_run(script: str, *extra: str, timeout: float = QUICK_S) -> str:
+    """What ``benchmarks/SCRIPT --quick EXTRA...`` printed, once it exited 0 (its process group killed at the end)."""
+    proc = run_in_group([sys.executable, str(REPO / "benchmarks" / script), "--quick", *extra], timeout=timeout,
+                        cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(QUICK_S + 60)
 def test_overhead_benchmark_quick_run_prints_the_ratios() -> None:
-    proc = run_in_group([sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--quick"], timeout=QUICK_S,
-                        cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout
+    out = _quick_run("overhead.py")
     for mode in ("raw", "trial", "raw-ckpt", "trial-ckpt"):
         assert re.search(rf"^{re.escape(mode)}\s+\d+\.\d+", out, re.MULTILINE), out
     assert re.search(r"^trial / raw: ratio of medians \d+\.\d+x", out, re.MULTILINE), out
@@ -47,10 +52,7 @@ def test_overhead_benchmark_quick_run_prints_the_ratios() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(QUICK_S + 60)
 def test_trial_start_benchmark_quick_run_prints_the_search_and_start_figures() -> None:
-    proc = run_in_group([sys.executable, str(REPO / "benchmarks" / "trial_start.py"), "--quick"], timeout=QUICK_S,
-                        cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout
+    out = _quick_run("trial_start.py")
     for mode in ("cold", "warm"):
         assert re.search(rf"^round 1/1, search of 4 trials, {mode}: experiment wall \d+\.\d s = \d+\.\d+x", out,
                          re.MULTILINE), out
@@ -69,59 +71,49 @@ def test_async_checkpoint_and_resume_benchmarks_quick_runs_print_their_summaries
                                 r"last checkpoint of fit: \d+\.\d+ ms, \d+\.\d+ of torch.save \+ fsync"),
         ("resume_cost.py", r"^resume into 100000 shuffled records, 2 rounds, medians: .*records read to skip: 0$"),
     ):
-        proc = run_in_group([sys.executable, str(REPO / "benchmarks" / script), "--quick"], timeout=QUICK_S,
-                            cwd=REPO)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert re.search(pattern, proc.stdout, re.MULTILINE), proc.stdout
+        out = _quick_run(script)
+        assert re.search(pattern, out, re.MULTILINE), out
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(QUICK_S + 60)
 def test_fsdp_benchmark_quick_run_prints_its_ratios() -> None:
-    proc = run_in_group([sys.executable, str(REPO / "benchmarks" / "fsdp.py"), "--quick", "--timeout", str(QUICK_S)],
-                        timeout=QUICK_S, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert re.search(r"^held / synchronous dcp.save \(median of per-round ratios\): \d+\.\d+$", proc.stdout,
-                     re.MULTILINE), proc.stdout
-    assert re.search(r"FSDP2 / DDP \(median of per-round ratios\): \d+\.\d+$", proc.stdout, re.MULTILINE), proc.stdout
+    out = _quick_run("fsdp.py", "--timeout", str(QUICK_S))
+    assert re.search(r"^held / synchronous dcp.save \(median of per-round ratios\): \d+\.\d+$", out,
+                     re.MULTILINE), out
+    assert re.search(r"FSDP2 / DDP \(median of per-round ratios\): \d+\.\d+$", out, re.MULTILINE), out
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(QUICK_S + 60)
 def test_hsdp_benchmark_quick_run_prints_its_ratio() -> None:
-    proc = run_in_group([sys.executable, str(REPO / "benchmarks" / "hsdp.py"), "--quick", "--timeout", str(QUICK_S)],
-                        timeout=QUICK_S, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert re.search(r"Trainer.fit / raw \(median of per-round ratios\): \d+\.\d+$", proc.stdout,
-                     re.MULTILINE), proc.stdout
+    out = _quick_run("hsdp.py", "--timeout", str(QUICK_S))
+    assert re.search(r"Trainer.fit / raw \(median of per-round ratios\): \d+\.\d+$", out,
+                     re.MULTILINE), out
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(QUICK_S + 60)
 def test_zero3_benchmark_quick_run_prints_its_rounds_and_ratio() -> None:
-    proc = run_in_group([sys.executable, str(REPO / "benchmarks" / "zero3.py"), "--quick", "--timeout", str(QUICK_S)],
-                        timeout=QUICK_S, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert len(re.findall(r"^round \d/2: Trainer.fit \d+\.\d+ ms/batch", proc.stdout, re.MULTILINE)) == 2, proc.stdout
+    out = _quick_run("zero3.py", "--timeout", str(QUICK_S))
+    assert len(re.findall(r"^round \d/2: Trainer.fit \d+\.\d+ ms/batch", out, re.MULTILINE)) == 2, out
     assert re.search(r"Trainer.fit / raw \(median of per-round ratios\): \d+\.\d+ \(min \d+\.\d+, max \d+\.\d+\); "
                      r"outside the engine calls .*: Trainer.fit \d+\.\d+ ms/batch, raw \d+\.\d+ ms/batch$",
-                     proc.stdout, re.MULTILINE), proc.stdout
+                     out, re.MULTILINE), out
 
 
 
 @pytest.mark.timeout(300)
 def test_ui_latency_benchmark_quick_run_prints_its_figures() -> None:
     pytest.importorskip("uvicorn", reason="the ui extra (starlette, uvicorn) is not installed")
-    proc = run_in_group([sys.executable, str(REPO / "benchmarks" / "ui_latency.py"), "--quick"], timeout=240,
-                        cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = _quick_run("ui_latency.py", timeout=240)
     number = r"\d+\.\d+"
     for call in ("/api/v1/experiments", "/api/v1/experiments/1/trials", "/api/v1/trials/{t}/logs?tail=200",
                  "all calls"):
-        assert re.search(rf"^{re.escape(call)}\s+{number}\s+{number}\s+{number}\s+\d+$", proc.stdout,
-                         re.MULTILINE), proc.stdout
-    assert re.search(rf"^ui latency p50 over all API calls: {number} ms \(target <= 5 ms\)$", proc.stdout,
-                     re.MULTILINE), proc.stdout
+        assert re.search(rf"^{re.escape(call)}\s+{number}\s+{number}\s+{number}\s+\d+$", out,
+                         re.MULTILINE), out
+    assert re.search(rf"^ui latency p50 over all API calls: {number} ms \(target <= 5 ms\)$", out,
+                     re.MULTILINE), out
 
 
 @pytest.mark.slow

@@ -28,8 +28,11 @@ class TrialFacts:
     restart_step: int | None = None
     """The first step this process of the trial trains (0 from scratch, k + 1 from the checkpoint at k); None when
     the sender is not the trial's process (the runner's last word)."""
-    first_process: bool = False
-    """No process of the trial ran before this one (its first attempt, from scratch): nothing to rewind."""
+
+    @property
+    def first_process(self) -> bool:
+        """No process of the trial ran before this one (its first attempt, from scratch): nothing to rewind."""
+        return self.restart_step == 0 and self.trial.trial_run_id == 1
 
     @property
     def run_name(self) -> str:

@@ -10,7 +10,6 @@ past the last step it was sent (what a killed forwarder wrote but did not record
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -22,9 +21,7 @@ from determined_trials.core.store import CheckpointRecord, MetricRecord
 from determined_trials.core.trackers._progress import numbers
 from determined_trials.core.trackers._sink import Outcome
 
-__all__ = ["FLUSH_INTERVAL_S", "ScalarWriter", "TensorBoardSink", "tag_for"]
-
-FLUSH_INTERVAL_S = 1.0  # training events reach the file at most this late (at the next event; and at close)
+__all__ = ["ScalarWriter", "TensorBoardSink", "tag_for"]
 
 
 def tag_for(group: str, key: str) -> str:
@@ -49,7 +46,6 @@ class ScalarWriter:
         self._logdir = logdir
         self._file: Any = None
         self._writer: Any = None
-        self._flushed_at = -math.inf
         self._held: list[tuple[float, int, list[tuple[str, float]]]] = []
         self._start_step = 0  # the step of the event file's session start (restart_at sets it)
         # without: the file has no START at all (TensorBoard drops what it read before any START at its step or later)
@@ -70,15 +66,6 @@ class ScalarWriter:
         _write_start(writer, step)
         writer.flush()
 
-    def add_scalars(self, step: int, scalars: list[tuple[str, float]], *, flush: bool = False) -> None:
-        """Add one event holding every (tag, value) at ``step``, now. Events are written and flushed together:
-        with this one when ``flush`` or a second has passed since the last flush (frequent reports share one
-        write), and at ``flush()``/``close()``."""
-        now = time.time()
-        self.hold(step, scalars, now)
-        if scalars and (flush or now - self._flushed_at >= FLUSH_INTERVAL_S):
-            self.flush()
-
     def hold(self, step: int, scalars: list[tuple[str, float]], wall_time: float) -> None:
         """Hold one event of every (tag, value) at ``step``, reported at ``wall_time``, until ``flush()``."""
         if scalars:
@@ -96,7 +83,6 @@ class ScalarWriter:
                 event = event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=values))
                 writer.write(event.SerializeToString())
             writer.flush()
-        self._flushed_at = time.time()
 
     def close(self) -> None:
         """Write what is held and close the event file; idempotent."""

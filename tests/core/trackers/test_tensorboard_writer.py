@@ -1,5 +1,5 @@
 """The TensorBoard sink's event files: a resumed attempt's event file carries TensorBoard's restart marker, so the
-TensorBoard server's reader drops what the lost attempt wrote after the checkpoint; frequent events share a write."""
+TensorBoard server's reader drops what the lost attempt wrote after the checkpoint."""
 
 from __future__ import annotations
 
@@ -7,21 +7,9 @@ import socket
 import time
 from pathlib import Path
 
-import pytest
 from support.helpers_tensorboard import tensorboard_points
 
-from determined_trials.core.trackers import _tensorboard
 from determined_trials.core.trackers._tensorboard import ScalarWriter
-
-
-class _Clock:
-    """A time() stand-in that moves only when told to."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def time(self) -> float:
-        return self.now
 
 
 def _attempt(logdir: Path, steps: range, offset: float, restart_at: int | None) -> None:
@@ -29,7 +17,7 @@ def _attempt(logdir: Path, steps: range, offset: float, restart_at: int | None) 
     if restart_at is not None:
         writer.restart_at(restart_at)
     for step in steps:
-        writer.add_scalars(step, [("loss", offset + step)])
+        writer.hold(step, [("loss", offset + step)], time.time())
     writer.close()
     time.sleep(0.002)  # the next attempt's file name (its creation time) sorts after this one
 
@@ -70,35 +58,9 @@ def test_a_restart_in_the_same_writer(tmp_path: Path) -> None:
     """Fit twice in one process, the second from an earlier checkpoint: the marker goes into the open file."""
     writer = ScalarWriter(tmp_path)
     for step in range(1, 6):
-        writer.add_scalars(step, [("loss", 100.0 + step)])
+        writer.hold(step, [("loss", 100.0 + step)], time.time())
     writer.restart_at(3)
     for step in range(3, 5):
-        writer.add_scalars(step, [("loss", float(step))])
+        writer.hold(step, [("loss", float(step))], time.time())
     writer.close()
     assert tensorboard_points(tmp_path)["loss"] == [(1, 101.0), (2, 102.0), (3, 3.0), (4, 4.0)]
-
-
-def test_tensorboard_training_events_are_flushed_at_most_once_a_second(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = _Clock()
-    monkeypatch.setattr(_tensorboard, "time", fake)
-    writer = _tensorboard.ScalarWriter(tmp_path)
-    writer.add_scalars(1, [("loss", 1.0)])  # the first event is flushed
-    events = next(tmp_path.glob("events.out.tfevents.*"))
-    flushed = events.stat().st_size
-    fake.now += 0.5
-    writer.add_scalars(2, [("loss", 0.5)])
-    assert events.stat().st_size == flushed  # held, not written yet
-    writer.add_scalars(2, [("val_loss", 0.4)], flush=True)  # asked to flush: written with those before
-    assert events.stat().st_size > flushed
-    flushed = events.stat().st_size
-    fake.now += 1.0
-    writer.add_scalars(3, [("loss", 0.3)])  # a second after the last flush
-    assert events.stat().st_size > flushed
-    writer.add_scalars(4, [("loss", 0.2)])
-    writer.close()
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(tmp_path))
-    acc.Reload()
-    assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3, 4]
