@@ -1,7 +1,7 @@
 """A DeepSpeedTrial with ZeRO stage 3 under ``Trainer.fit`` on 2 processes against a raw DeepSpeed engine loop
 on the same model, config and batches: seconds per batch.
 
-Usage: python benchmarks/zero3.py [--rounds 7] [--batches 40] [--width 256] [--depth 4] [--quick]
+Usage: python benchmarks/zero3.py [--rounds 21] [--batches 40] [--width 256] [--depth 4] [--quick]
 
 Two gloo rank processes (DeepSpeed's CPU accelerator, ``DET_DEEPSPEED_SHM_COMM=0``: no JIT-built shm op) run
 the rounds. Both sides build the MLP of ``hsdp.py`` (``--depth`` blocks of width -> 2 width -> width; 1.1M
@@ -11,10 +11,11 @@ offload, micro-batch ``BATCH`` a rank, no accumulation: a batch is ``2 * BATCH``
 round, in an order that alternates between rounds, times (1) ``Trainer.fit`` of a DeepSpeedTrial over a
 ``det.pytorch.DataLoader`` (no checkpoints, a report every 20 batches) and (2) a raw loop: a
 ``DistributedSampler`` loader, ``engine(x)``, ``engine.backward``, ``engine.step``. Both time the batches
-from the start of batch ``WARM`` to the start of the last one (the harness's reports in between count;
+from the start of batch ``_rounds.WARM`` to the start of the last one (the harness's reports in between count;
 engine building, its start and its end-of-fit validation do not), and, within that, the time outside the
-engine calls (fetching the batch, the loop, the harness's per-batch work). Times are rank 0's; the ratio is
-the median of per-round ratios.
+engine calls (fetching the batch, the loop, the harness's per-batch work) and the CPU time of all the process's
+threads (the harness's background threads included). Times are rank 0's; the ratio is the median of per-round
+ratios, with its 95 % bootstrap interval (see ``hsdp.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -33,29 +33,15 @@ os.environ.setdefault("DET_DEEPSPEED_SHM_COMM", "0")  # launch_ranks drops DET_*
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch  # noqa: E402
+from _rounds import BatchTimes, Timed, run_rounds, summary  # noqa: E402
 from fsdp import BATCH, launch_ranks  # noqa: E402
-from hsdp import REPORT, WARM, parse_args, raw_batches  # noqa: E402
+from hsdp import REPORT, parse_args, raw_batches  # noqa: E402
 from torch import nn  # noqa: E402
 
 from determined_trials import deepspeed as det_ds  # noqa: E402
 from determined_trials import pytorch  # noqa: E402
 
 __all__ = ["main"]
-
-
-class _Times:
-    """Each batch's start and the seconds it spent in the engine calls (forward, backward, step)."""
-
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.engine: list[float] = []
-
-    def per_batch(self) -> tuple[float, float]:
-        """(seconds per batch, of which outside the engine calls) from the start of batch WARM to the start
-        of the last one."""
-        n = len(self.starts) - 1 - WARM
-        total = (self.starts[-1] - self.starts[WARM]) / n
-        return total, total - sum(self.engine[WARM:-1]) / n
 
 
 def _ds_config() -> dict[str, Any]:
@@ -91,7 +77,7 @@ class _Trial(det_ds.DeepSpeedTrial):
             model = _mlp(hp["width"], hp["depth"])
         self.engine = context.wrap_model_engine(_engine(model))
         self.data = _data(hp["width"])
-        self.times = _Times()
+        self.times = BatchTimes()
 
     def build_training_data_loader(self) -> pytorch.DataLoader:
         return pytorch.DataLoader(self.data, batch_size=BATCH, shuffle=True)
@@ -100,13 +86,13 @@ class _Trial(det_ds.DeepSpeedTrial):
         return pytorch.DataLoader(torch.utils.data.Subset(self.data, range(2 * BATCH)), batch_size=BATCH)
 
     def train_batch(self, dataloader_iter: Any, epoch_idx: int, batch_idx: int) -> torch.Tensor:
-        self.times.starts.append(time.perf_counter())
+        self.times.start()
         x, y = next(dataloader_iter)
         began = time.perf_counter()
         loss = nn.functional.mse_loss(self.engine(x), y)
         self.engine.backward(loss)
         self.engine.step()
-        self.times.engine.append(time.perf_counter() - began)
+        self.times.inside.append(time.perf_counter() - began)
         return loss
 
     def evaluate_batch(self, dataloader_iter: Any, batch_idx: int) -> dict[str, torch.Tensor]:
@@ -114,7 +100,7 @@ class _Trial(det_ds.DeepSpeedTrial):
         return {"validation_loss": nn.functional.mse_loss(self.engine(x), y)}
 
 
-def _harness(args: argparse.Namespace, run_dir: Path) -> tuple[float, float]:
+def _harness(args: argparse.Namespace, run_dir: Path) -> Timed:
     hparams = {"global_batch_size": 2 * BATCH, "width": args.width, "depth": args.depth}
     config = {"hyperparameters": hparams, "reproducibility": {"experiment_seed": 1},
               "resources": {"slots_per_trial": 2},
@@ -128,20 +114,19 @@ def _harness(args: argparse.Namespace, run_dir: Path) -> tuple[float, float]:
         return trial.times.per_batch()
 
 
-def _raw(args: argparse.Namespace) -> tuple[float, float]:
+def _raw(args: argparse.Namespace) -> Timed:
     import deepspeed
 
     with deepspeed.zero.Init(config_dict_or_path=_ds_config()):
         model = _mlp(args.width, args.depth)
     engine = _engine(model)
-    times = _Times()
+    times = BatchTimes()
     for x, y in raw_batches(_data(args.width), args.batches):
-        began = time.perf_counter()
-        times.starts.append(began)
+        began = times.start()
         loss = nn.functional.mse_loss(engine(x), y)
         engine.backward(loss)
         engine.step()
-        times.engine.append(time.perf_counter() - began)
+        times.inside.append(time.perf_counter() - began)
     engine.destroy()  # ZeRO-3's hooks, as the trial's
     return times.per_batch()
 
@@ -153,20 +138,8 @@ def _rank_main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", "`torch.distributed.* is deprecated", FutureWarning)  # DeepSpeed's calls
     start_deepspeed_distributed()  # gloo through DeepSpeed, for both sides
-    rows: dict[str, list[float]] = {k: [] for k in ("harness", "raw", "ratio", "harness_outside", "raw_outside")}
-    for rnd in range(args.rounds):
-        step: dict[str, tuple[float, float]] = {}
-        for kind in (("harness", "raw") if rnd % 2 == 0 else ("raw", "harness")):
-            step[kind] = _harness(args, Path(args.out).parent / "runs" / f"round-{rnd}") if kind == "harness" \
-                else _raw(args)
-        (fit, fit_out), (raw, raw_out) = step["harness"], step["raw"]
-        for key, value in (("harness", fit), ("raw", raw), ("ratio", fit / raw), ("harness_outside", fit_out),
-                           ("raw_outside", raw_out)):
-            rows[key].append(value)
-        if rank == 0:
-            print(f"round {rnd + 1}/{args.rounds}: Trainer.fit {fit * 1e3:.1f} ms/batch ({fit_out * 1e3:.2f} outside "
-                  f"the engine calls), raw loop {raw * 1e3:.1f} ms/batch ({raw_out * 1e3:.2f}), ratio {fit / raw:.3f}",
-                  flush=True)
+    rows = run_rounds(args.rounds, lambda rnd: _harness(args, Path(args.out).parent / "runs" / f"round-{rnd}"),
+                      lambda: _raw(args), "engine calls", show=rank == 0)
     if rank == 0:
         Path(args.out).write_text(json.dumps(rows))
 
@@ -178,14 +151,9 @@ def main() -> None:
         _rank_main(args)
         return
     rows = launch_ranks(Path(__file__), sys.argv[1:], args.timeout, "cpu")
-    med = {k: statistics.median(v) for k, v in rows.items()}
     params = args.depth * (4 * args.width * args.width + 3 * args.width)
     print(f"\nZeRO-3, {params / 1e6:.1f}M parameters, 2 processes on cpu (gloo), {args.batches} batches of "
-          f"{2 * BATCH}, {args.rounds} rounds, medians: Trainer.fit {med['harness'] * 1e3:.1f} ms/batch, raw "
-          f"DeepSpeed loop {med['raw'] * 1e3:.1f} ms/batch; Trainer.fit / raw (median of per-round ratios): "
-          f"{med['ratio']:.3f} (min {min(rows['ratio']):.3f}, max {max(rows['ratio']):.3f}); outside the engine "
-          f"calls (data, loop, harness): Trainer.fit {med['harness_outside'] * 1e3:.2f} ms/batch, raw "
-          f"{med['raw_outside'] * 1e3:.2f} ms/batch")
+          f"{2 * BATCH}, {args.rounds} rounds, " + summary(rows, "raw DeepSpeed loop", "engine calls"))
 
 
 if __name__ == "__main__":

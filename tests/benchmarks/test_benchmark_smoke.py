@@ -9,6 +9,7 @@ import importlib
 import json
 import math
 import re
+import statistics
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -86,10 +87,13 @@ def test_fsdp_benchmark_quick_run_prints_its_ratios() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(QUICK_S + 60)
-def test_hsdp_benchmark_quick_run_prints_its_ratio() -> None:
+def test_hsdp_benchmark_quick_run_prints_its_rounds_and_ratio() -> None:
     out = _quick_run("hsdp.py", "--timeout", str(QUICK_S))
-    assert re.search(r"Trainer.fit / raw \(median of per-round ratios\): \d+\.\d+$", out,
-                     re.MULTILINE), out
+    assert len(re.findall(r"^round \d/2: Trainer.fit \d+\.\d+ ms/batch", out, re.MULTILINE)) == 2, out
+    assert re.search(r"Trainer.fit / raw \(median of per-round ratios\): \d+\.\d+ \(95 % interval of the median "
+                     r"\d+\.\d+-\d+\.\d+; rounds \d+\.\d+-\d+\.\d+\); outside the model calls .*: Trainer.fit "
+                     r"\d+\.\d+ ms/batch, raw \d+\.\d+ ms/batch; CPU of all threads: Trainer.fit \d+\.\d+ ms/batch, "
+                     r"raw \d+\.\d+ ms/batch$", out, re.MULTILINE), out
 
 
 @pytest.mark.slow
@@ -97,8 +101,10 @@ def test_hsdp_benchmark_quick_run_prints_its_ratio() -> None:
 def test_zero3_benchmark_quick_run_prints_its_rounds_and_ratio() -> None:
     out = _quick_run("zero3.py", "--timeout", str(QUICK_S))
     assert len(re.findall(r"^round \d/2: Trainer.fit \d+\.\d+ ms/batch", out, re.MULTILINE)) == 2, out
-    assert re.search(r"Trainer.fit / raw \(median of per-round ratios\): \d+\.\d+ \(min \d+\.\d+, max \d+\.\d+\); "
-                     r"outside the engine calls .*: Trainer.fit \d+\.\d+ ms/batch, raw \d+\.\d+ ms/batch$",
+    assert re.search(r"Trainer.fit / raw \(median of per-round ratios\): \d+\.\d+ \(95 % interval of the median "
+                     r"\d+\.\d+-\d+\.\d+; rounds \d+\.\d+-\d+\.\d+\); "
+                     r"outside the engine calls .*: Trainer.fit \d+\.\d+ ms/batch, raw \d+\.\d+ ms/batch; "
+                     r"CPU of all threads: Trainer.fit \d+\.\d+ ms/batch, raw \d+\.\d+ ms/batch$",
                      out, re.MULTILINE), out
 
 
@@ -188,3 +194,22 @@ def test_search_quality_warm_start_tells_the_second_search_the_first(monkeypatch
     bests = bench.warm_start_bests(0, 8)
     assert set(bests) == {"cold", "warm", "two_cold"}
     assert bests["warm"] <= min(m for _, m in bench.run_search("optuna", 0, 4))  # the best over both halves
+
+
+# -- the rounds' summary ---------------------------------------------------------------------------
+
+
+def test_the_median_interval_holds_the_median_narrows_with_more_rounds_and_repeats(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rounds = _benchmark("_rounds", monkeypatch)
+    gen = torch.Generator().manual_seed(3)
+    few = (1.0 + 0.08 * torch.randn(9, generator=gen)).tolist()
+    many = (1.0 + 0.08 * torch.randn(81, generator=gen)).tolist()
+    low, high = rounds.median_interval(few)
+    assert low <= statistics.median(few) <= high and low < high
+    assert rounds.median_interval(few) == (low, high)  # seeded: the same rounds give the same interval
+    many_low, many_high = rounds.median_interval(many)
+    assert many_high - many_low < (high - low) / 2  # 9x the rounds: about a third of the width
+    assert rounds.median_interval([1.02]) == (1.02, 1.02)
+    with pytest.raises(ValueError, match="at least one value"):
+        rounds.median_interval([])
