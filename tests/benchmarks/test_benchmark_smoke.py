@@ -87,26 +87,14 @@ def test_fsdp_benchmark_quick_run_prints_its_ratios() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(QUICK_S + 60)
-def test_hsdp_benchmark_quick_run_prints_its_rounds_and_ratio() -> None:
-    out = _quick_run("hsdp.py", "--timeout", str(QUICK_S))
+@pytest.mark.parametrize(("script", "calls"), [("hsdp.py", "model calls"), ("zero3.py", "engine calls")])
+def test_per_batch_benchmark_quick_run_prints_its_rounds_and_summary(script: str, calls: str) -> None:
+    out = _quick_run(script, "--timeout", str(QUICK_S))
     assert len(re.findall(r"^round \d/2: Trainer.fit \d+\.\d+ ms/batch", out, re.MULTILINE)) == 2, out
     assert re.search(r"Trainer.fit / raw \(median of per-round ratios\): \d+\.\d+ \(95 % interval of the median "
-                     r"\d+\.\d+-\d+\.\d+; rounds \d+\.\d+-\d+\.\d+\); outside the model calls .*: Trainer.fit "
+                     rf"\d+\.\d+-\d+\.\d+; rounds \d+\.\d+-\d+\.\d+\); outside the {calls} .*: Trainer.fit "
                      r"\d+\.\d+ ms/batch, raw \d+\.\d+ ms/batch; CPU of all threads: Trainer.fit \d+\.\d+ ms/batch, "
                      r"raw \d+\.\d+ ms/batch$", out, re.MULTILINE), out
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(QUICK_S + 60)
-def test_zero3_benchmark_quick_run_prints_its_rounds_and_ratio() -> None:
-    out = _quick_run("zero3.py", "--timeout", str(QUICK_S))
-    assert len(re.findall(r"^round \d/2: Trainer.fit \d+\.\d+ ms/batch", out, re.MULTILINE)) == 2, out
-    assert re.search(r"Trainer.fit / raw \(median of per-round ratios\): \d+\.\d+ \(95 % interval of the median "
-                     r"\d+\.\d+-\d+\.\d+; rounds \d+\.\d+-\d+\.\d+\); "
-                     r"outside the engine calls .*: Trainer.fit \d+\.\d+ ms/batch, raw \d+\.\d+ ms/batch; "
-                     r"CPU of all threads: Trainer.fit \d+\.\d+ ms/batch, raw \d+\.\d+ ms/batch$",
-                     out, re.MULTILINE), out
-
 
 
 @pytest.mark.timeout(300)
